@@ -1,0 +1,67 @@
+"""Errors raised by medload.
+
+Every error derives from :class:`MedloadError`, and its message says what went wrong *and* what to do
+about it. Problems with one input file or one series are not raised to the caller of ``ingest``: they
+become quarantine records (see :class:`InputProblem`) so that one bad file never stops a run.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MedloadError",
+    "ConfigError",
+    "StoreError",
+    "StoreFormatError",
+    "StoreLockedError",
+    "SeriesNotFoundError",
+    "ChecksumError",
+    "InputProblem",
+]
+
+
+class MedloadError(Exception):
+    """Base class of every error medload raises."""
+
+
+class ConfigError(MedloadError, ValueError):
+    """An option or argument has a value medload cannot use."""
+
+
+class StoreError(MedloadError):
+    """The store on disk cannot be opened, read or written as asked."""
+
+
+class StoreFormatError(StoreError):
+    """``store.json`` is missing, unreadable, or written by an incompatible format version."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store's writer lock."""
+
+
+class SeriesNotFoundError(StoreError, KeyError):
+    """No series in the store matches the key (or key prefix) asked for."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ChecksumError(StoreError):
+    """A stored value does not match its checksum: the store is damaged."""
+
+
+class InputProblem(MedloadError):
+    """One input (a file, an archive member, or a series) cannot be ingested.
+
+    Attributes:
+        stage: where it was found: ``discover``, ``header``, ``series``, ``geometry`` or ``decode``.
+        reason: one line saying what is wrong with the input.
+        skipped: ``True`` when the input is valid DICOM that is simply not a volume (a localizer, a
+            secondary capture, a structured report...), ``False`` when it is broken or rejected by policy.
+    """
+
+    def __init__(self, stage: str, reason: str, *, skipped: bool = False) -> None:
+        super().__init__(f"{stage}: {reason}")
+        self.stage = stage
+        self.reason = reason
+        self.skipped = skipped

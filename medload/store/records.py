@@ -1,0 +1,110 @@
+"""Metadata records kept in a store: one per series, one per quarantined input. JSON, never pickle."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+__all__ = ["SeriesRecord", "RejectRecord"]
+
+_RECORD_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class SeriesRecord:
+    """What the store knows about one volume.
+
+    Geometry follows NIfTI/MONAI: ``affine`` maps a voxel index ``(column, row, slice, 1)`` to RAS
+    millimetres and ``spacing`` is ``(column, row, slice)`` spacing in mm, in the same axis order. The
+    array :meth:`medload.Store.read` returns is ``(slice, row, column)`` = ``shape``;
+    ``store.read(key).transpose(2, 1, 0)`` is the NIfTI-ordered array that ``affine`` describes.
+    Identifiers are keyed pseudonyms, never the DICOM values. ``shard`` is filled in when the record
+    is read (it says where the series lives; it is not stored, so shards can be regrouped).
+    """
+
+    key: str
+    shape: tuple[int, int, int]
+    dtype: str
+    spacing: tuple[float, float, float]
+    affine: tuple[tuple[float, ...], ...]
+    modality: str
+    digest: str
+    orientation: tuple[float, ...]
+    positions: tuple[tuple[float, float, float], ...]
+    patient: str
+    study: str
+    series: str
+    source_fingerprint: str
+    sources: tuple[str, ...]
+    shard: str = ""
+    space: str = "RAS"
+    manufacturer: str | None = None
+    model: str | None = None
+    kernel: str | None = None
+    body_part: str | None = None
+    series_description: str | None = None
+    image_type: tuple[str, ...] = ()
+    slice_thickness: float | None = None
+    scanner_windows: tuple[tuple[float, float], ...] = ()
+    windows: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    padding_voxels: int = 0
+    format: int = _RECORD_FORMAT
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> bytes:
+        """The stored form (without ``shard``)."""
+        doc = self.to_dict()
+        del doc["shard"]
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> SeriesRecord:
+        doc = json.loads(data)
+        known = {f.name for f in fields(cls)}
+        doc = {k: _tuples(v) for k, v in doc.items() if k in known}
+        return cls(**doc)
+
+    @property
+    def key_bytes(self) -> bytes:
+        return bytes.fromhex(self.key)
+
+
+@dataclass(frozen=True)
+class RejectRecord:
+    """An input that was not ingested, and why.
+
+    ``status`` is ``"rejected"`` (broken, or refused by a correctness policy) or ``"skipped"`` (valid
+    DICOM that is not a volume: localizer, secondary capture, report...). ``stage`` says where it was
+    decided (``discover``, ``header``, ``series``, ``geometry``, ``decode``).
+    """
+
+    status: str
+    stage: str
+    reason: str
+    source: str
+    sha256: str | None = None
+    series: str | None = None
+    sources: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> RejectRecord:
+        return cls(**{k: _tuples(v) for k, v in json.loads(data).items()})
+
+    @property
+    def record_key(self) -> bytes:
+        """A stable key: the same input with the same verdict is recorded once, however often it is seen."""
+        ident = json.dumps([self.status, self.stage, self.source, self.sha256, self.series, self.reason])
+        return hashlib.blake2b(ident.encode(), digest_size=16, person=b"medload-reject").digest()
+
+
+def _tuples(value):
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value

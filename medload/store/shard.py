@@ -1,0 +1,104 @@
+"""LMDB environments of one shard: how they are opened, and the named sub-databases they hold.
+
+Follows py-lmdb's "Forking & multiprocessing" rules: a writer environment is opened by the one writer
+process only; readers open published shards read-only with ``lock=False`` (they are immutable, so no
+reader table is needed) and ``readahead=False`` (random slab reads should not pull neighbours from
+disk), and never use an environment across ``fork`` (see :mod:`medload.store.store`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import os
+
+import lmdb
+
+from medload.errors import StoreError
+
+__all__ = ["SLICES", "LABELS", "SERIES", "REJECTS", "INDEXES", "window_db", "open_write_env", "open_read_env",
+           "reader_env", "close_reader_envs", "env_bytes", "open_dbs"]
+
+SLICES = b"slices"
+LABELS = b"labels"
+SERIES = b"series"
+REJECTS = b"rejects"
+#: index sub-databases: an attribute value -> series keys (sorted duplicates)
+INDEXES = {"modality": b"idx_modality", "study": b"idx_study", "patient": b"idx_patient", "body_part": b"idx_body_part"}
+_MAX_DBS = 64
+
+
+def window_db(name: str) -> bytes:
+    """Sub-database of the pre-windowed uint8 planes of window ``name``."""
+    return b"win_" + name.encode()
+
+
+def open_write_env(path: Path, map_size: int) -> lmdb.Environment:
+    """Open (creating if needed) the environment of a shard being written; owner-only permissions."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return lmdb.open(
+        str(path), map_size=map_size, max_dbs=_MAX_DBS, subdir=True, sync=True, metasync=True,
+        readahead=False, mode=0o600,
+    )
+
+
+def open_read_env(path: Path) -> lmdb.Environment:
+    """Open a published (immutable) shard for reading."""
+    if not (path / "data.mdb").is_file():
+        raise StoreError(f"shard {path} is listed in store.json but missing: the store is damaged; run `medload verify`")
+    return lmdb.open(
+        str(path), readonly=True, lock=False, readahead=False, max_dbs=_MAX_DBS, subdir=True, create=False,
+    )
+
+
+_readers: dict[Path, lmdb.Environment] = {}
+_readers_pid = os.getpid()
+
+
+def reader_env(path: Path) -> lmdb.Environment:
+    """The read-only environment of a published shard, opened once per process.
+
+    LMDB allows one handle per environment and process, so every :class:`~medload.store.Store` of a
+    process shares these. After a ``fork`` the parent's handles are dropped unused (never closed, never
+    used) and the child opens its own.
+    """
+    global _readers_pid
+    path = path.absolute()
+    if _readers_pid != os.getpid():
+        _readers.clear()
+        _readers_pid = os.getpid()
+    env = _readers.get(path)
+    if env is None:
+        env = _readers[path] = open_read_env(path)
+    return env
+
+
+def close_reader_envs(paths: list[Path]) -> None:
+    """Close this process's handles on these shards (they reopen on next use)."""
+    if _readers_pid != os.getpid():
+        return
+    for path in paths:
+        env = _readers.pop(path.absolute(), None)
+        if env is not None:
+            env.close()
+
+
+def open_dbs(env: lmdb.Environment, names: list[bytes], *, create: bool, txn: lmdb.Transaction | None = None) -> dict[bytes, object]:
+    """Handles of named sub-databases; index databases are opened with sorted duplicates."""
+    index_names = set(INDEXES.values())
+    out = {}
+    for name in names:
+        if not create:
+            try:
+                out[name] = env.open_db(name, txn=txn, create=False, dupsort=name in index_names)
+            except lmdb.NotFoundError:
+                continue
+        else:
+            out[name] = env.open_db(name, txn=txn, create=True, dupsort=name in index_names)
+    return out
+
+
+def env_bytes(env: lmdb.Environment) -> int:
+    """Bytes in use in an environment's data file."""
+    info, stat = env.info(), env.stat()
+    return (info["last_pgno"] + 1) * stat["psize"]

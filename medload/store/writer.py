@@ -1,0 +1,257 @@
+"""The one writer of a store: one LMDB write transaction per series, shards published atomically.
+
+Crash safety comes from three rules (DESIGN.md §3, §5):
+
+1. A series -- its slices, pre-windowed planes, metadata record and index entries -- is written in
+   one write transaction of the current *staging* shard, so it is either fully present or absent.
+2. A staging shard is published by ``rename(staging/X.lmdb, shards/X.lmdb)`` followed by an atomic
+   rewrite of ``store.json``. Readers only open shards the manifest lists.
+3. A writer that starts after a crash (it holds ``writer.lock``, so the previous writer is gone)
+   publishes whatever committed series the dead writer left in ``staging/`` and adds any renamed
+   shard the manifest missed. Nothing committed is ever lost or re-written.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import lmdb
+
+from medload import __version__
+from medload.errors import ConfigError, StoreError, StoreLockedError
+from medload.store import shard as sh
+from medload.store.keys import slice_key
+from medload.store.manifest import (Manifest, ShardEntry, fsync_dir, read_manifest, shard_path,
+                                    staging_path, write_manifest)
+from medload.store.records import RejectRecord, SeriesRecord
+
+__all__ = ["StoreWriter", "SeriesTransaction"]
+
+log = logging.getLogger(__name__)
+
+_PAGE = 4096
+_MAP_HEADROOM = 1 << 30
+
+
+class SeriesTransaction:
+    """Puts of one series into the current staging shard; nothing is visible until :meth:`commit`."""
+
+    def __init__(self, writer: StoreWriter, key: bytes, txn: lmdb.Transaction) -> None:
+        self._writer, self._key, self._txn = writer, key, txn
+
+    def put_slice(self, z: int, value: bytes, windows: dict[str, bytes] | None = None) -> None:
+        dbs = self._writer._dbs
+        k = slice_key(self._key, z)
+        self._txn.put(k, value, db=dbs[sh.SLICES])
+        for name, plane in (windows or {}).items():
+            self._txn.put(k, plane, db=dbs[sh.window_db(name)])
+
+    def commit(self, record: SeriesRecord, index: dict[str, str | None]) -> None:
+        """Write the record and index entries, and commit."""
+        w = self._writer
+        self._txn.put(self._key, record.to_json(), db=w._dbs[sh.SERIES])
+        for field_name, value in index.items():
+            if value:
+                self._txn.put(value.encode(), self._key, db=w._dbs[sh.INDEXES[field_name]], dupdata=True)
+        self._txn.commit()
+        self._txn = None
+        w._series_committed(self._key, record)
+
+    def abort(self) -> None:
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = None
+
+
+class StoreWriter:
+    """Create or open a store for writing. Holds ``writer.lock`` until :meth:`close`.
+
+    Args:
+        root: store directory (created with mode 0700 if missing).
+        codec, windows: used when the store is created; an existing store keeps its own, and asking
+            for different ones is an error (the store's values must stay uniform).
+        key_fingerprint: fingerprint of the pseudonymisation key; a store refuses a different key,
+            since the same patient would otherwise get two pseudonyms.
+        shard_bytes: a staging shard is published and a new one started once it exceeds this size.
+    """
+
+    def __init__(self, root: Path, *, codec: str, windows: tuple[str, ...], key_fingerprint: str,
+                 shard_bytes: int = 4 << 30) -> None:
+        self.root = Path(root)
+        self.shard_bytes = shard_bytes
+        self._lock_fd = self._acquire_lock()
+        try:
+            self.manifest = self._open_or_create(codec, windows, key_fingerprint)
+            self._recover()
+            self.series_fingerprints: dict[bytes, str] = {}
+            self.reject_keys: set[bytes] = set()
+            self._load_known()
+        except BaseException:
+            self._release_lock()
+            raise
+        self._env: lmdb.Environment | None = None
+        self._dbs: dict = {}
+        self._staging_name = ""
+        self._staging_series = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def _acquire_lock(self) -> int:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.root / "writer.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLockedError(
+                f"another medload process is writing to {self.root} (writer.lock is held): wait for it to finish"
+            ) from None
+        return fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _open_or_create(self, codec: str, windows: tuple[str, ...], key_fingerprint: str) -> Manifest:
+        for sub in ("shards", "staging"):
+            (self.root / sub).mkdir(mode=0o700, exist_ok=True)
+        if not (self.root / "store.json").exists():
+            manifest = Manifest(codec=codec, windows=tuple(windows), key_fingerprint=key_fingerprint,
+                                created_by=f"medload {__version__}")
+            write_manifest(self.root, manifest)
+            log.info("created store %s (codec %s, windows %s)", self.root, codec, ",".join(windows) or "none")
+            return manifest
+        manifest = read_manifest(self.root)
+        if manifest.key_fingerprint != key_fingerprint:
+            raise ConfigError(
+                f"{self.root} was built with pseudonymisation key {manifest.key_fingerprint}, this run uses "
+                f"{key_fingerprint}: pass the store's key with --key-file (or MEDLOAD_KEY_FILE)"
+            )
+        if manifest.codec != codec or tuple(manifest.windows) != tuple(windows):
+            raise ConfigError(
+                f"{self.root} stores codec {manifest.codec} and windows {list(manifest.windows)}; this run asks "
+                f"for codec {codec} and windows {list(windows)}: keep the store's settings or ingest into a new store"
+            )
+        return manifest
+
+    def _recover(self) -> None:
+        """Publish what a crashed writer left: committed series in staging, shards the manifest missed."""
+        listed = {s.name for s in self.manifest.shards}
+        for path in sorted((self.root / "shards").glob("*.lmdb")):
+            name = path.name[: -len(".lmdb")]
+            if name not in listed:
+                log.warning("shard %s was published but missing from store.json (crash); adding it", name)
+                self._add_to_manifest(name, path)
+        for path in sorted((self.root / "staging").glob("*.lmdb")):
+            name = path.name[: -len(".lmdb")]
+            env = sh.open_write_env(path, map_size=_MAP_HEADROOM)
+            try:
+                n = _count_series(env)
+            finally:
+                env.close()
+            if n == 0:
+                shutil.rmtree(path)
+                continue
+            log.warning("publishing %d committed series left in staging shard %s by an interrupted ingest", n, name)
+            self._publish_path(name, path)
+
+    def _load_known(self) -> None:
+        for entry in self.manifest.shards:
+            env = sh.reader_env(shard_path(self.root, entry.name))
+            with env.begin() as txn:
+                dbs = sh.open_dbs(env, [sh.SERIES, sh.REJECTS], create=False, txn=txn)
+                if sh.SERIES in dbs:
+                    for k, v in txn.cursor(db=dbs[sh.SERIES]):
+                        self.series_fingerprints[bytes(k)] = SeriesRecord.from_json(v).source_fingerprint
+                if sh.REJECTS in dbs:
+                    self.reject_keys.update(bytes(k) for k in txn.cursor(db=dbs[sh.REJECTS]).iternext(values=False))
+
+    def close(self) -> None:
+        """Publish the current staging shard (if it holds anything) and release the lock."""
+        try:
+            if self._env is not None:
+                self._publish_current()
+        finally:
+            self._release_lock()
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- writing ---------------------------------------------------------------------------
+    def begin_series(self, key: bytes, estimated_bytes: int) -> SeriesTransaction:
+        """Start the one write transaction of series ``key``; reserve map space for it first."""
+        if key in self.series_fingerprints:
+            raise StoreError(f"series {key.hex()} is already in {self.root}; it is never written twice")
+        env = self._staging_env()
+        needed = sh.env_bytes(env) + 2 * estimated_bytes + _MAP_HEADROOM
+        if env.info()["map_size"] < needed:
+            env.set_mapsize(needed)
+        return SeriesTransaction(self, key, env.begin(write=True))
+
+    def put_rejects(self, records: Iterable[RejectRecord]) -> int:
+        """Record quarantined inputs not already recorded; returns how many were new."""
+        new = [r for r in records if r.record_key not in self.reject_keys]
+        if not new:
+            return 0
+        env = self._staging_env()
+        with env.begin(write=True) as txn:
+            for r in new:
+                txn.put(r.record_key, r.to_json(), db=self._dbs[sh.REJECTS])
+        self.reject_keys.update(r.record_key for r in new)
+        return len(new)
+
+    def _staging_env(self) -> lmdb.Environment:
+        if self._env is None:
+            self._staging_name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
+            self._env = sh.open_write_env(staging_path(self.root, self._staging_name),
+                                          map_size=self.shard_bytes + _MAP_HEADROOM)
+            names = [sh.SLICES, sh.LABELS, sh.SERIES, sh.REJECTS, *sh.INDEXES.values()]
+            names += [sh.window_db(w) for w in self.manifest.windows]
+            self._dbs = sh.open_dbs(self._env, names, create=True)
+            self._staging_series = 0
+        return self._env
+
+    def _series_committed(self, key: bytes, record: SeriesRecord) -> None:
+        self.series_fingerprints[key] = record.source_fingerprint
+        self._staging_series += 1
+        if sh.env_bytes(self._env) >= self.shard_bytes:
+            self._publish_current()
+
+    # ---- publishing ------------------------------------------------------------------------
+    def _publish_current(self) -> None:
+        env, name = self._env, self._staging_name
+        self._env, self._dbs = None, {}
+        env.sync(True)
+        env.close()
+        self._publish_path(name, staging_path(self.root, name))
+
+    def _publish_path(self, name: str, path: Path) -> None:
+        (path / "lock.mdb").unlink(missing_ok=True)
+        target = shard_path(self.root, name)
+        os.replace(path, target)
+        fsync_dir(target.parent)
+        self._add_to_manifest(name, target)
+        log.info("published shard %s", name)
+
+    def _add_to_manifest(self, name: str, path: Path) -> None:
+        env = sh.reader_env(path)
+        n = _count_series(env)
+        size = sh.env_bytes(env)
+        self.manifest.shards.append(ShardEntry(name=name, series=n, bytes=size))
+        write_manifest(self.root, self.manifest)
+
+
+def _count_series(env: lmdb.Environment) -> int:
+    with env.begin() as txn:
+        dbs = sh.open_dbs(env, [sh.SERIES], create=False, txn=txn)
+        return txn.stat(dbs[sh.SERIES])["entries"] if sh.SERIES in dbs else 0

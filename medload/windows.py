@@ -1,0 +1,84 @@
+"""CT display windows (width/level in HU), the one place they are defined.
+
+Presets are the ones OHIF ships (DESIGN.md §4): brain 80/40, soft tissue 400/40, lung 1500/-600,
+liver 150/90, bone 2500/480. A custom window is written ``"WIDTH/LEVEL"`` (e.g. ``"350/50"``).
+
+The mapping is MONAI's ``ScaleIntensityRange(a_min=level - width/2, a_max=level + width/2, b_min=0,
+b_max=1, clip=True)``; :func:`to_uint8` scales that to 0..255 and rounds, which is how pre-windowed
+planes are stored at ingest (``medload ingest --windows lung,soft_tissue``).
+
+Example:
+    >>> from medload import windows
+    >>> windows.get("lung").bounds
+    (-1350.0, 150.0)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from medload.errors import ConfigError
+
+__all__ = ["Window", "PRESETS", "get", "parse_list", "to_uint8"]
+
+
+@dataclass(frozen=True)
+class Window:
+    """A display window: HU values in ``[level - width/2, level + width/2]`` map to 0..1."""
+
+    name: str
+    width: float
+    level: float
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """(lowest, highest) HU of the window."""
+        return (self.level - self.width / 2, self.level + self.width / 2)
+
+
+PRESETS: dict[str, Window] = {
+    w.name: w
+    for w in (
+        Window("brain", 80, 40),
+        Window("soft_tissue", 400, 40),
+        Window("lung", 1500, -600),
+        Window("liver", 150, 90),
+        Window("bone", 2500, 480),
+    )
+}
+
+_CUSTOM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(-?\d+(?:\.\d+)?)\s*$")
+
+
+def get(spec: str | Window) -> Window:
+    """A preset by name, or a custom window from ``"WIDTH/LEVEL"``."""
+    if isinstance(spec, Window):
+        return spec
+    if spec in PRESETS:
+        return PRESETS[spec]
+    m = _CUSTOM.match(spec)
+    if m and float(m.group(1)) > 0:
+        width, level = float(m.group(1)), float(m.group(2))
+        return Window(f"w{m.group(1)}_l{m.group(2)}".replace("-", "m").replace(".", "p"), width, level)
+    raise ConfigError(f"unknown window {spec!r}: use one of {', '.join(PRESETS)} or WIDTH/LEVEL such as 400/40")
+
+
+def parse_list(text: str | None) -> tuple[Window, ...]:
+    """Windows from a comma-separated list such as ``"lung,soft_tissue,350/50"``."""
+    if not text:
+        return ()
+    out = tuple(get(part.strip()) for part in text.split(",") if part.strip())
+    names = [w.name for w in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"window list {text!r} names a window twice")
+    return out
+
+
+def to_uint8(hu: np.ndarray, window: Window) -> np.ndarray:
+    """Window HU values to uint8 0..255 (clip, scale, round half to even)."""
+    lo, hi = window.bounds
+    scaled = (np.clip(hu.astype(np.float32), lo, hi) - np.float32(lo)) * np.float32(255.0 / (hi - lo))
+    return np.rint(scaled).astype(np.uint8)
