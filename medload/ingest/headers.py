@@ -1,0 +1,235 @@
+"""The header pass: parse each file up to Pixel Data, keep what grouping, geometry and decoding need.
+
+One :class:`SliceHeader` per image plane (one per frame of an Enhanced multi-frame object, see
+:mod:`medload.ingest.multiframe`). Identifiers are pseudonymised here, in the worker, so raw UIDs and
+patient IDs never leave this function. For native (uncompressed) transfer syntaxes the header records
+where the pixel values start, so the decode pass reads them with one ``read`` and no second parse.
+Declared sizes are checked against the file before any pixel is decoded (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import pydicom
+from pydicom.dataset import Dataset
+from pydicom.errors import InvalidDicomError
+from pydicom.uid import UID, ExplicitVRBigEndian, ExplicitVRLittleEndian, ImplicitVRLittleEndian
+
+from medload.config import IngestConfig
+from medload.errors import InputProblem
+from medload.ingest import tags
+from medload.ingest.deid import Pseudonymizer
+from medload.ingest.discover import SourceRef, open_source, read_source
+from medload.ingest.planes import frame_plane_fields, has_functional_groups, plane_fields
+
+__all__ = ["SliceHeader", "read_headers", "VOLUME_SOP_CLASSES", "NATIVE_SYNTAXES"]
+
+#: SOP classes whose images stack into volumes; everything else is skipped with its name as reason.
+VOLUME_SOP_CLASSES = {
+    "1.2.840.10008.5.1.4.1.1.2": "CT Image Storage",
+    "1.2.840.10008.5.1.4.1.1.2.1": "Enhanced CT Image Storage",
+    "1.2.840.10008.5.1.4.1.1.2.2": "Legacy Converted Enhanced CT Image Storage",
+    "1.2.840.10008.5.1.4.1.1.4": "MR Image Storage",
+    "1.2.840.10008.5.1.4.1.1.4.1": "Enhanced MR Image Storage",
+    "1.2.840.10008.5.1.4.1.1.4.4": "Legacy Converted Enhanced MR Image Storage",
+    "1.2.840.10008.5.1.4.1.1.128": "Positron Emission Tomography Image Storage",
+    "1.2.840.10008.5.1.4.1.1.128.1": "Legacy Converted Enhanced PET Image Storage",
+    "1.2.840.10008.5.1.4.1.1.130": "Enhanced PET Image Storage",
+}
+NATIVE_SYNTAXES = {ExplicitVRLittleEndian, ImplicitVRLittleEndian, ExplicitVRBigEndian}
+_PIXEL_DATA_TAG = (0x7FE0, 0x0010)
+_LONG_LENGTH_VRS = {b"OB", b"OW", b"OF", b"OD", b"OL", b"OV", b"SQ", b"UN", b"UC", b"UR", b"UT"}
+
+
+@dataclass(frozen=True, slots=True)
+class SliceHeader:
+    """What the ingest needs to know about one image plane, with identities already pseudonymised."""
+
+    ref: SourceRef
+    frame: int | None            # frame index in a multi-frame object, None for a single-frame file
+    sop_class: str
+    instance: str                # pseudonym of SOPInstanceUID
+    series: str                  # pseudonym of SeriesInstanceUID
+    study: str
+    patient: str
+    modality: str
+    image_type: tuple[str, ...]
+    rows: int
+    cols: int
+    samples_per_pixel: int
+    photometric: str
+    bits_allocated: int
+    bits_stored: int
+    high_bit: int
+    pixel_representation: int
+    slope: float
+    intercept: float
+    has_rescale: bool            # a Modality LUT rescale (0028,1052/1053) is present
+    padding_value: int | None    # PixelPaddingValue (0028,0120)
+    padding_limit: int | None    # PixelPaddingRangeLimit (0028,0121)
+    orientation: tuple[float, ...]       # ImageOrientationPatient (0020,0037), 6 cosines, LPS
+    position: tuple[float, float, float]  # ImagePositionPatient (0020,0032), LPS mm
+    pixel_spacing: tuple[float, float]   # PixelSpacing (0028,0030): (row spacing, column spacing)
+    slice_thickness: float | None
+    spacing_between_slices: float | None
+    transfer_syntax: str
+    pixel_offset: int | None     # file offset of the first pixel value (native syntaxes), else None
+    number_of_frames: int
+    echo: str                    # EchoNumbers (0018,0086), "" if absent
+    stack: str                   # StackID (0020,9056) of an Enhanced object, "" if absent
+    file_size: int
+    manufacturer: str | None = None
+    model: str | None = None
+    kernel: str | None = None
+    body_part: str | None = None
+    series_description: str | None = None
+    window: tuple[tuple[float, float], ...] = ()   # scanner WindowCenter/WindowWidth pairs
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.rows * self.cols * self.samples_per_pixel * (self.bits_allocated // 8)
+
+
+def read_headers(ref: SourceRef, pseudo: Pseudonymizer, cfg: IngestConfig) -> list[SliceHeader]:
+    """Parse one file's header; one SliceHeader per image plane. Raises :class:`InputProblem`."""
+    with _open(ref) as fp:
+        ds = _parse(fp, ref)
+        pixel_pos = fp.tell()
+        sop_class = str(ds.get("SOPClassUID", "") or getattr(ds.file_meta, "MediaStorageSOPClassUID", "") or "")
+        if not sop_class:
+            raise InputProblem("header", "no SOPClassUID (0008,0016): not a DICOM image")
+        if sop_class not in VOLUME_SOP_CLASSES:
+            raise InputProblem("header", f"{UID(sop_class).name} ({sop_class}) is not a CT/MR/PET volume image",
+                               skipped=True)
+        syntax = _transfer_syntax(ds)
+        length, value_offset = _pixel_element(fp, pixel_pos, syntax)
+    if length is None:
+        raise InputProblem("header", "no Pixel Data (7FE0,0010) in an image object")
+    base = _base_fields(ds, ref, pseudo, sop_class, syntax)
+    frames = tags.integer(ds, "NumberOfFrames", default=1)
+    _check_sizes(base, frames, length, value_offset, ref.size, syntax, cfg)
+    base["pixel_offset"] = value_offset if syntax in NATIVE_SYNTAXES else None
+    base["number_of_frames"] = frames
+    if has_functional_groups(ds):
+        return [SliceHeader(frame=i, **base, **plane) for i, plane in enumerate(frame_plane_fields(ds, frames))]
+    return [SliceHeader(frame=None, **base, **plane_fields(ds))]
+
+
+def _open(ref: SourceRef) -> BinaryIO:
+    if ref.member is None:
+        return open_source(ref)
+    return io.BytesIO(read_source(ref))
+
+
+def _parse(fp: BinaryIO, ref: SourceRef) -> Dataset:
+    try:
+        return pydicom.dcmread(fp, stop_before_pixels=True)
+    except InvalidDicomError:
+        pass  # no "DICM" preamble: some old exports lack it; accept only if it parses as an image
+    except Exception as exc:  # pydicom raises many types on damaged headers
+        raise InputProblem("header", f"unreadable DICOM header: {type(exc).__name__}: {exc}") from None
+    fp.seek(0)
+    try:
+        ds = pydicom.dcmread(fp, stop_before_pixels=True, force=True)
+        if "SOPClassUID" not in ds or "Rows" not in ds:
+            raise ValueError
+        str(ds.SOPClassUID)
+    except Exception:
+        raise InputProblem("header", "not a DICOM file (no DICM preamble and no parsable image header)") from None
+    return ds
+
+
+def _transfer_syntax(ds: Dataset) -> str:
+    syntax = getattr(ds.file_meta, "TransferSyntaxUID", None) if hasattr(ds, "file_meta") else None
+    if syntax:
+        return str(syntax)
+    implicit, little = ds.original_encoding
+    if implicit:
+        return ImplicitVRLittleEndian
+    return ExplicitVRLittleEndian if little else ExplicitVRBigEndian
+
+
+def _pixel_element(fp: BinaryIO, pos: int, syntax: str) -> tuple[int | None, int]:
+    """(value length, value offset) of the Pixel Data element at ``pos``; (None, pos) if there is none."""
+    fp.seek(pos)
+    head = fp.read(12)
+    if len(head) < 8:
+        return None, pos
+    endian = ">" if syntax == ExplicitVRBigEndian else "<"
+    if struct.unpack(endian + "HH", head[:4]) != _PIXEL_DATA_TAG:
+        return None, pos
+    if syntax == ImplicitVRLittleEndian:
+        return struct.unpack("<I", head[4:8])[0], pos + 8
+    if head[4:6] in _LONG_LENGTH_VRS:
+        if len(head) < 12:
+            return None, pos
+        return struct.unpack(endian + "I", head[8:12])[0], pos + 12
+    return struct.unpack(endian + "H", head[6:8])[0], pos + 8
+
+
+def _check_sizes(base: dict, frames: int, length: int, value_offset: int, file_size: int, syntax: str,
+                 cfg: IngestConfig) -> None:
+    rows, cols = base["rows"], base["cols"]
+    if rows < 1 or cols < 1:
+        raise InputProblem("header", f"Rows x Columns is {rows} x {cols}")
+    if rows * cols > cfg.max_frame_pixels or not 1 <= frames <= cfg.max_frames:
+        raise InputProblem("header", f"{rows} x {cols} x {frames} frames is above the caps "
+                                     f"({cfg.max_frame_pixels} pixels per frame, {cfg.max_frames} frames)")
+    if base["bits_allocated"] not in (8, 16, 32) or not 1 <= base["bits_stored"] <= base["bits_allocated"]:
+        raise InputProblem("header", f"BitsAllocated {base['bits_allocated']} / BitsStored {base['bits_stored']} "
+                                     "is not a supported integer pixel format")
+    if base["samples_per_pixel"] != 1 or base["photometric"] not in ("MONOCHROME1", "MONOCHROME2"):
+        raise InputProblem("header", f"colour image ({base['photometric']}, {base['samples_per_pixel']} samples) "
+                                     "is not a CT/MR/PET volume", skipped=True)
+    if syntax not in NATIVE_SYNTAXES or length == 0xFFFFFFFF:
+        return  # encapsulated: fragment sizes are checked by the decoder
+    needed = rows * cols * frames * (base["bits_allocated"] // 8)
+    if length < needed:
+        raise InputProblem("header", f"Pixel Data holds {length} bytes; {rows} x {cols} x {frames} frames "
+                                     f"of {base['bits_allocated']} bits need {needed}")
+    if value_offset + needed > file_size:
+        raise InputProblem("header", f"truncated file: Pixel Data needs {needed} bytes from offset "
+                                     f"{value_offset} but the file has {file_size} bytes")
+
+
+def _base_fields(ds: Dataset, ref: SourceRef, pseudo: Pseudonymizer, sop_class: str, syntax: str) -> dict:
+    """Fields shared by every frame of the object."""
+    series_uid = tags.text(ds, "SeriesInstanceUID")
+    if not series_uid:
+        raise InputProblem("header", "no SeriesInstanceUID (0020,000E): cannot group it into a series")
+    bits_allocated = tags.integer(ds, "BitsAllocated", default=16)
+    bits_stored = tags.integer(ds, "BitsStored", default=bits_allocated)
+    return dict(
+        ref=ref,
+        sop_class=sop_class,
+        instance=pseudo.uid("instance", tags.text(ds, "SOPInstanceUID") or ref.display),
+        series=pseudo.uid("series", series_uid),
+        study=pseudo.uid("study", tags.text(ds, "StudyInstanceUID") or ""),
+        patient=pseudo.patient(tags.text(ds, "PatientID") or "", tags.text(ds, "IssuerOfPatientID") or ""),
+        modality=(tags.text(ds, "Modality") or "").upper(),
+        image_type=tags.strings(ds, "ImageType"),
+        rows=tags.integer(ds, "Rows", default=0),
+        cols=tags.integer(ds, "Columns", default=0),
+        samples_per_pixel=tags.integer(ds, "SamplesPerPixel", default=1),
+        photometric=(tags.text(ds, "PhotometricInterpretation") or "MONOCHROME2").upper(),
+        bits_allocated=bits_allocated,
+        bits_stored=bits_stored,
+        high_bit=tags.integer(ds, "HighBit", default=bits_stored - 1),
+        pixel_representation=tags.integer(ds, "PixelRepresentation", default=0),
+        padding_value=tags.integer(ds, "PixelPaddingValue", default=None),
+        padding_limit=tags.integer(ds, "PixelPaddingRangeLimit", default=None),
+        transfer_syntax=syntax,
+        echo=tags.text(ds, "EchoNumbers") or "",
+        file_size=ref.size,
+        manufacturer=tags.text(ds, "Manufacturer"),
+        model=tags.text(ds, "ManufacturerModelName"),
+        kernel="\\".join(tags.strings(ds, "ConvolutionKernel")) or None,
+        body_part=tags.text(ds, "BodyPartExamined"),
+        series_description=tags.text(ds, "SeriesDescription"),
+        window=tags.window_pairs(ds),
+    )
+

@@ -1,0 +1,107 @@
+"""Grouping image planes into series, splitting them into stackable volumes, and classifying them.
+
+Planes are grouped by SeriesInstanceUID (0020,000E) -- through its pseudonym -- and split where they
+cannot share one voxel grid or are not volume data (DESIGN.md §4):
+
+- orientation: ImageOrientationPatient (0020,0037) clustered within 1e-3 (rounding noise is not a split)
+- matrix: Rows (0028,0010) x Columns (0028,0011), and PixelSpacing (0028,0030)
+- EchoNumbers (0018,0086) of multi-echo MR, StackID (0020,9056) of Enhanced objects
+- kind from ImageType (0008,0008): LOCALIZER and DERIVED\\SECONDARY parts are skipped with a reason.
+
+Every split part gets its own 16-byte key from the series pseudonym and a descriptor of the split
+values, so keys do not depend on file names, file order or which other parts are present.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from medload.ingest.headers import SliceHeader
+from medload.store.keys import series_key
+
+__all__ = ["SeriesCandidate", "group_series"]
+
+_ORIENTATION_TOLERANCE = 1e-3
+
+
+@dataclass
+class SeriesCandidate:
+    """Planes that may form one volume, with their key and, for non-volumes, why they are skipped."""
+
+    key: bytes
+    descriptor: str
+    headers: list[SliceHeader]
+    skip_reason: str | None = None
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def first(self) -> SliceHeader:
+        return self.headers[0]
+
+    @property
+    def value_dtype(self) -> str:
+        """``int16`` when every plane's rescale is integral (lossless HU), else ``float32``."""
+        integral = all(float(h.slope).is_integer() and float(h.intercept).is_integer() for h in self.headers)
+        return "int16" if integral else "float32"
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of the source planes (pseudonymised SOP instances and frames), order-independent."""
+        h = hashlib.blake2b(digest_size=16, person=b"medload-source")
+        for inst, frame in sorted((h_.instance, -1 if h_.frame is None else h_.frame) for h_ in self.headers):
+            h.update(f"{inst}:{frame};".encode())
+        return h.hexdigest()
+
+
+def _kind(image_type: tuple[str, ...]) -> tuple[str, str | None]:
+    text = "\\".join(image_type)
+    if "LOCALIZER" in image_type:
+        return "localizer", f"localizer (ImageType {text})"
+    if len(image_type) >= 2 and image_type[0] == "DERIVED" and image_type[1] == "SECONDARY":
+        return "secondary", f"derived secondary image (ImageType {text})"
+    return "image", None
+
+
+def _orientation_labels(orientations: Iterable[tuple[float, ...]]) -> dict[tuple[float, ...], str]:
+    """Cluster orientations within tolerance; label each by its cluster's rounded first member.
+
+    Orientations are visited in sorted order, so the labels do not depend on file order.
+    """
+    labels: dict[tuple[float, ...], str] = {}
+    reps: list[tuple[tuple[float, ...], str]] = []
+    for o in sorted(set(orientations)):
+        for rep, label in reps:
+            if max(abs(a - b) for a, b in zip(o, rep)) <= _ORIENTATION_TOLERANCE:
+                labels[o] = label
+                break
+        else:
+            label = ",".join(f"{v:.3f}" for v in o).replace("-0.000", "0.000")
+            reps.append((o, label))
+            labels[o] = label
+    return labels
+
+
+def group_series(headers: Iterable[SliceHeader]) -> list[SeriesCandidate]:
+    """Split planes into candidate volumes, sorted by key; skipped parts carry ``skip_reason``."""
+    by_series: dict[str, list[SliceHeader]] = defaultdict(list)
+    for h in headers:
+        by_series[h.series].append(h)
+    out = []
+    for series, members in by_series.items():
+        labels = _orientation_labels(h.orientation for h in members)
+        parts: dict[tuple, list[SliceHeader]] = defaultdict(list)
+        reasons: dict[tuple, str | None] = {}
+        for h in members:
+            kind, reason = _kind(h.image_type)
+            split = (kind, f"{h.rows}x{h.cols}", labels[h.orientation],
+                     f"{h.pixel_spacing[0]:.4f},{h.pixel_spacing[1]:.4f}", h.echo, h.stack)
+            parts[split].append(h)
+            reasons[split] = reason
+        for split, part in parts.items():
+            descriptor = "|".join(split)
+            out.append(SeriesCandidate(series_key(series, descriptor), descriptor, part, reasons[split]))
+    out.sort(key=lambda c: c.key)
+    return out

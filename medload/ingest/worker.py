@@ -1,0 +1,148 @@
+"""Work done in decoding processes: header batches and decode-and-encode chunks.
+
+Workers receive the pseudonymisation key and settings once (:func:`init_worker`) and then only small
+task descriptions. A decode chunk covers consecutive slots of one series; it returns ready store
+values (codec payload + checksum), pre-windowed planes, and per-slice digests, so the single writer
+only has to ``put`` bytes. Problems never escape as exceptions: they come back as :class:`Failure`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from medload import windows as win
+from medload.config import IngestConfig
+from medload.errors import InputProblem
+from medload.ingest.deid import Pseudonymizer
+from medload.ingest.discover import SourceRef, read_source
+from medload.ingest.headers import SliceHeader, read_headers
+from medload.ingest.pixels import LoadedFile, decode_plane
+from medload.store.codec import encode_value, get_codec
+from medload.store.digest import slice_digest
+
+__all__ = ["init_worker", "header_batch", "decode_chunk", "DecodeChunk", "EncodedSlice", "Failure"]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An input that could not be read or decoded, with the sha256 of its bytes when they could be read."""
+
+    source: str
+    stage: str
+    reason: str
+    skipped: bool
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class DecodeChunk:
+    """Slots ``z0 .. z0 + len(slots) - 1`` of one series; each slot lists its candidate planes."""
+
+    series_index: int
+    z0: int
+    slots: list[list[SliceHeader]]
+    modality: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class EncodedSlice:
+    z: int
+    value: bytes
+    windows: dict[str, bytes]
+    digest: bytes
+    source_hash: str
+    padding: int
+
+
+class _State:
+    pseudo: Pseudonymizer | None = None
+    cfg: IngestConfig = IngestConfig()
+
+
+def init_worker(key: bytes, cfg: IngestConfig) -> None:
+    """Process initializer: keep the key and settings for the tasks that follow."""
+    _State.pseudo = Pseudonymizer(key)
+    _State.cfg = cfg
+
+
+def _sha256(ref: SourceRef) -> str | None:
+    try:
+        return hashlib.sha256(read_source(ref)).hexdigest()
+    except InputProblem:
+        return None
+
+
+def header_batch(refs: list[SourceRef]) -> list[list[SliceHeader] | Failure]:
+    """Header pass over a batch of inputs: per input, its planes or a :class:`Failure`."""
+    out: list[list[SliceHeader] | Failure] = []
+    for ref in refs:
+        try:
+            out.append(read_headers(ref, _State.pseudo, _State.cfg))
+        except InputProblem as exc:
+            out.append(Failure(ref.display, exc.stage, exc.reason, exc.skipped, _sha256(ref)))
+        except Exception as exc:  # a damaged file must never stop the run
+            out.append(Failure(ref.display, "header", f"{type(exc).__name__}: {exc}", False, _sha256(ref)))
+    return out
+
+
+def decode_chunk(chunk: DecodeChunk) -> list[EncodedSlice] | Failure:
+    """Decode, check and encode the slots of one chunk; the first failure fails the chunk."""
+    cfg = _State.cfg
+    codec = get_codec(cfg.codec)
+    windows = [win.get(name) for name in cfg.windows]
+    out = []
+    loaded: dict[SourceRef, LoadedFile] = {}
+    for i, slot in enumerate(chunk.slots):
+        z = chunk.z0 + i
+        resolved = _resolve_slot(slot, chunk, loaded)
+        if isinstance(resolved, Failure):
+            return Failure(resolved.source, resolved.stage, f"slice {z}: {resolved.reason}", False, resolved.sha256)
+        values, padding, source_hash = resolved
+        out.append(EncodedSlice(
+            z=z,
+            value=encode_value(values, codec),
+            windows={w.name: encode_value(win.to_uint8(values, w), codec) for w in windows},
+            digest=slice_digest(values),
+            source_hash=source_hash,
+            padding=padding,
+        ))
+    return out
+
+
+def _load(ref: SourceRef, loaded: dict[SourceRef, LoadedFile]) -> LoadedFile:
+    file = loaded.get(ref)
+    if file is None:
+        if len(loaded) >= 4:  # frames of one file are adjacent in a chunk: a tiny cache suffices
+            loaded.pop(next(iter(loaded)))
+        file = loaded[ref] = LoadedFile(read_source(ref))
+    return file
+
+
+def _resolve_slot(slot: list[SliceHeader], chunk: DecodeChunk,
+                  loaded: dict[SourceRef, LoadedFile]) -> tuple[np.ndarray, int, str] | Failure:
+    """Decode a slot: (values, padding pixels, xxh3 of the source file) or a Failure.
+
+    Planes sharing one position (duplicates) must hold identical values; then the first, in the
+    header-pass order (by SOP instance pseudonym, independent of file names), is kept.
+    """
+    kept: tuple[np.ndarray, int, str] | None = None
+    for h in slot:
+        try:
+            file = _load(h.ref, loaded)
+            values, padding = decode_plane(file, h, chunk.modality, chunk.dtype)
+        except InputProblem as exc:
+            return Failure(h.ref.display, exc.stage, exc.reason, False, _sha256(h.ref))
+        except Exception as exc:  # a decoder crashing on damaged data must not stop the run
+            return Failure(h.ref.display, "decode", f"{type(exc).__name__}: {exc}", False, _sha256(h.ref))
+        if kept is None:
+            kept = (values, padding, xxhash.xxh3_64_hexdigest(file.data))
+        elif not np.array_equal(kept[0], values):
+            return Failure(h.ref.display, "decode", f"conflicting duplicates: {slot[0].ref.display} and "
+                           f"{h.ref.display} share one position but hold different pixels; policy: reject",
+                           False, _sha256(h.ref))
+    return kept
