@@ -1,0 +1,26 @@
+"""Synthetic CT DICOM series with known ground truth, for tests and benchmarks.
+
+:func:`make_series` writes one series (single-frame CT Image Storage or Enhanced CT) and returns its
+ground-truth HU, positions and RAS affine; :func:`make_study` writes several series of one study into
+one folder. :func:`write_localizer`, :func:`write_secondary_capture` and :func:`write_broken_files`
+write the non-volume and broken files an ingester must skip or quarantine.
+"""
+
+from medload.synthetic.extras import write_broken_files, write_localizer, write_secondary_capture
+from medload.synthetic.phantom import phantom_hu
+from medload.synthetic.series import make_series, make_study
+from medload.synthetic.spec import COMPRESSED_SYNTAXES, NATIVE_SYNTAXES, PADDING_HU, GeneratedSeries, SeriesSpec
+
+__all__ = [
+    "SeriesSpec",
+    "GeneratedSeries",
+    "NATIVE_SYNTAXES",
+    "COMPRESSED_SYNTAXES",
+    "PADDING_HU",
+    "phantom_hu",
+    "make_series",
+    "make_study",
+    "write_localizer",
+    "write_secondary_capture",
+    "write_broken_files",
+]
