@@ -1,0 +1,38 @@
+# Two entry points (see README): `make demo` and `make test`. Both build .venv in the repo root.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# CPU build of PyTorch by default; GPU users: make demo TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+STORE ?= stores/sample
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+
+.PHONY: demo test apt-deps clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(BIN)/.dev-installed: $(BIN)/.installed pyproject.toml
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+# System packages the tests use: dcm2niix (reference converter, the geometry oracle).
+apt-deps:
+	@command -v dcm2niix >/dev/null 2>&1 || { \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dcm2niix >/dev/null; }
+
+demo: $(BIN)/.installed
+	$(BIN)/medload ingest sample_data/philips_ct_head/dicom $(STORE)
+	$(BIN)/medload info $(STORE)
+
+test: $(BIN)/.dev-installed apt-deps
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf stores .pytest_cache .hypothesis

@@ -1,0 +1,58 @@
+"""Shared fixtures: real data locations, a pseudonymisation key per test session, ingest helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from medload.config import IngestConfig
+from medload.ingest.run import ingest
+from medload.store.store import Store, open_store
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data"
+PHILIPS = REPO / "sample_data" / "philips_ct_head"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _key_file(tmp_path_factory) -> Path:
+    """Every test uses one throw-away pseudonymisation key, never the user's real one."""
+    path = tmp_path_factory.mktemp("key") / "pseudonym.key"
+    path.write_text("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n")
+    os.environ["MEDLOAD_KEY_FILE"] = str(path)
+    return path
+
+
+@pytest.fixture
+def run_ingest(tmp_path):
+    """``run_ingest(sources, **config) -> (report, store)`` into a fresh store under tmp_path."""
+    counter = iter(range(1000))
+
+    def _run(sources, store_path: Path | None = None, **config) -> tuple:
+        store_path = store_path or tmp_path / f"store{next(counter)}"
+        config.setdefault("workers", 1)
+        report = ingest(sources, store_path, config=IngestConfig(**config))
+        return report, open_store(store_path)
+
+    return _run
+
+
+def store_dump(store: Store) -> list[tuple[bytes, bytes, bytes]]:
+    """Sorted (sub-database, key, value) of every record of every shard: the logical content of a store,
+    independent of shard names and grouping."""
+    import lmdb
+
+    out = []
+    for entry in store.manifest.shards:
+        env = lmdb.open(str(store.path / "shards" / f"{entry.name}.lmdb"), readonly=True, lock=False, max_dbs=64)
+        try:
+            with env.begin() as txn:
+                names = [bytes(k) for k in txn.cursor().iternext(values=False)]
+                for name in names:
+                    db = env.open_db(name, txn=txn, create=False)
+                    out.extend((name, bytes(k), bytes(v)) for k, v in txn.cursor(db=db))
+        finally:
+            env.close()
+    return sorted(out)

@@ -1,0 +1,90 @@
+"""The ``medload`` command line, run as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from conftest import DATA, PHILIPS
+
+MEDLOAD = [sys.executable, "-m", "medload.cli"]
+
+
+def medload(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*MEDLOAD, *map(str, args)], capture_output=True, text=True, env=os.environ.copy())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"medload {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "store"
+    proc = medload("ingest", PHILIPS / "dicom", DATA / "monai_ct_4slice" / "CT_DICOM", path, "--workers", "2",
+                   "--windows", "brain,lung", "--no-progress")
+    assert "1 ingested" in proc.stdout and "1 rejected" in proc.stdout
+    return path
+
+
+def test_ls_json_has_the_contract_fields(store):
+    records = json.loads(medload("ls", store, "--json").stdout)
+    assert len(records) == 1
+    rec = records[0]
+    for field in ("key", "shape", "spacing", "affine", "modality", "digest"):
+        assert field in rec
+    assert rec["shape"] == [28, 512, 512] and rec["windows"] == ["brain", "lung"]
+    assert len(rec["affine"]) == 4 and len(rec["digest"]) == 32
+
+
+def test_info_lists_series_and_quarantine(store):
+    out = medload("info", store).stdout
+    assert "28x512x512" in out and "blosc2-lz4" in out and "brain, lung" in out
+    assert "skipped" in out and "rejected" in out
+
+
+def test_export_writes_the_volume_with_its_affine(store, tmp_path):
+    key = json.loads(medload("ls", store, "--json").stdout)[0]["key"]
+    out = tmp_path / "vol.nii.gz"
+    medload("export", store, key[:8], out)
+    img = nib.load(out)
+    assert img.shape == (512, 512, 28) and img.get_data_dtype() == np.int16
+    rec = json.loads(medload("ls", store, "--json").stdout)[0]
+    assert np.allclose(img.affine, rec["affine"], atol=1e-4)
+    assert medload("export", store, "ffff", out, check=False).returncode == 2
+
+
+def test_rejects_json_and_all(store):
+    rejected = json.loads(medload("rejects", store, "--json").stdout)
+    assert [r["status"] for r in rejected] == ["rejected"]
+    assert "irregular spacing" in rejected[0]["reason"]
+    everything = json.loads(medload("rejects", store, "--json", "--all").stdout)
+    assert {r["status"] for r in everything} == {"rejected", "skipped"}
+    assert len(everything) == 1 + 1 + 6  # spacing; localizer; 6 secondary captures
+
+
+def test_strict_makes_rejections_an_error(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(DATA / "ge_ct_3slice_seg" / "ct-3slice", src)
+    (src / "junk.txt").write_text("hello")
+    assert medload("ingest", src, tmp_path / "a", "--no-progress").returncode == 0
+    proc = medload("ingest", src, tmp_path / "b", "--strict", "--no-progress", check=False)
+    assert proc.returncode == 1 and "1 ingested" in proc.stdout
+
+
+def test_bad_arguments_give_clear_errors(tmp_path):
+    proc = medload("ingest", DATA / "ge_ct_3slice_seg" / "ct-3slice", tmp_path / "s", "--windows", "nope", check=False)
+    assert proc.returncode == 2 and "unknown window 'nope'" in proc.stderr
+    proc = medload("info", tmp_path, check=False)
+    assert proc.returncode == 2 and "not a medload store" in proc.stderr
+
+
+def test_every_command_has_help():
+    for cmd in ("ingest", "info", "ls", "export", "rejects"):
+        assert "Usage" in medload(cmd, "--help").stdout
