@@ -2,7 +2,8 @@
 
 Example:
     >>> import medload
-    >>> report = medload.ingest("sample_data/philips_ct_head/dicom", "stores/sample")  # doctest: +SKIP
+    >>> from medload.ingest import ingest
+    >>> report = ingest("sample_data/philips_ct_head/dicom", "stores/sample")          # doctest: +SKIP
     >>> store = medload.open_store("stores/sample")                                     # doctest: +SKIP
     >>> hu = store.read(store.series()[0].key, 0, 3)  # (3, rows, columns) int16       # doctest: +SKIP
 """
@@ -12,9 +13,8 @@ __version__ = "0.1.0"  # defined before the imports below: the store writer reco
 from medload import windows  # noqa: E402
 from medload.config import IngestConfig  # noqa: E402
 from medload.errors import MedloadError  # noqa: E402
-from medload.ingest.run import ingest  # noqa: E402
 from medload.store.records import RejectRecord, SeriesRecord  # noqa: E402
 from medload.store.store import Store, open_store  # noqa: E402
 
-__all__ = ["open_store", "Store", "ingest", "IngestConfig", "SeriesRecord", "RejectRecord", "windows",
+__all__ = ["open_store", "Store", "IngestConfig", "SeriesRecord", "RejectRecord", "windows",
            "MedloadError", "__version__"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -42,17 +43,21 @@ def run_ingest(tmp_path):
 def store_dump(store: Store) -> list[tuple[bytes, bytes, bytes]]:
     """Sorted (sub-database, key, value) of every record of every shard: the logical content of a store,
     independent of shard names and grouping."""
-    import lmdb
+    from medload.store.shard import reader_env
+    from medload.store.manifest import shard_path
 
     out = []
     for entry in store.manifest.shards:
-        env = lmdb.open(str(store.path / "shards" / f"{entry.name}.lmdb"), readonly=True, lock=False, max_dbs=64)
-        try:
-            with env.begin() as txn:
-                names = [bytes(k) for k in txn.cursor().iternext(values=False)]
-                for name in names:
-                    db = env.open_db(name, txn=txn, create=False)
-                    out.extend((name, bytes(k), bytes(v)) for k, v in txn.cursor(db=db))
-        finally:
-            env.close()
+        env = reader_env(shard_path(store.path, entry.name))
+        with env.begin() as txn:
+            names = [bytes(k) for k in txn.cursor().iternext(values=False)]
+            for name in names:
+                db = env.open_db(name, txn=txn, create=False)
+                out.extend((name, bytes(k), bytes(v)) for k, v in txn.cursor(db=db))
     return sorted(out)
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under a store (relative path -> hex), except the writer's lock file."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != "writer.lock"}

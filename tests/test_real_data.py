@@ -10,7 +10,7 @@ import numpy as np
 import pydicom
 import pytest
 
-from conftest import DATA, PHILIPS
+from conftest import DATA, PHILIPS, file_hashes
 from medload.ingest.headers import read_headers
 from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import discover, read_source
@@ -130,14 +130,9 @@ def test_second_ingest_reports_present_and_changes_no_byte(tmp_path):
 
     store = tmp_path / "store"
     first = ingest(PHILIPS / "dicom", store, config=IngestConfig(workers=1))
-    before = _file_hashes(store)
+    before = file_hashes(store)
     second = ingest(PHILIPS / "dicom", store, config=IngestConfig(workers=2))
     assert first.counts["ingested"] == 1
     assert second.counts["present"] == 1 and second.counts["ingested"] == 0
     assert second.counts["skipped"] == first.counts["skipped"]
-    assert _file_hashes(store) == before
-
-
-def _file_hashes(root) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != "writer.lock"}
+    assert file_hashes(store) == before

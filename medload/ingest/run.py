@@ -53,7 +53,7 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     counted in the returned report. Re-running on the same sources adds nothing.
 
     Example:
-        >>> report = medload.ingest("sample_data/philips_ct_head/dicom", "stores/sample")  # doctest: +SKIP
+        >>> report = ingest("sample_data/philips_ct_head/dicom", "stores/sample")  # doctest: +SKIP
         >>> report.counts["ingested"]
         1
     """

@@ -59,6 +59,12 @@ class EncodedSlice:
     padding: int
 
 
+#: What a worker lets through. Everything else raised while reading one input -- including the
+#: BaseException-derived panics that Rust decoders (pylibjpeg-rle via pyo3) raise on damaged data --
+#: becomes a quarantine record for that input.
+_FATAL = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
 class _State:
     pseudo: Pseudonymizer | None = None
     cfg: IngestConfig = IngestConfig()
@@ -85,7 +91,9 @@ def header_batch(refs: list[SourceRef]) -> list[list[SliceHeader] | Failure]:
             out.append(read_headers(ref, _State.pseudo, _State.cfg))
         except InputProblem as exc:
             out.append(Failure(ref.display, exc.stage, exc.reason, exc.skipped, _sha256(ref)))
-        except Exception as exc:  # a damaged file must never stop the run
+        except _FATAL:
+            raise
+        except BaseException as exc:  # noqa: BLE001 -- a damaged file must never stop the run (see _FATAL)
             out.append(Failure(ref.display, "header", f"{type(exc).__name__}: {exc}", False, _sha256(ref)))
     return out
 
@@ -137,7 +145,9 @@ def _resolve_slot(slot: list[SliceHeader], chunk: DecodeChunk,
             values, padding = decode_plane(file, h, chunk.modality, chunk.dtype)
         except InputProblem as exc:
             return Failure(h.ref.display, exc.stage, exc.reason, False, _sha256(h.ref))
-        except Exception as exc:  # a decoder crashing on damaged data must not stop the run
+        except _FATAL:
+            raise
+        except BaseException as exc:  # noqa: BLE001 -- see _FATAL
             return Failure(h.ref.display, "decode", f"{type(exc).__name__}: {exc}", False, _sha256(h.ref))
         if kept is None:
             kept = (values, padding, xxhash.xxh3_64_hexdigest(file.data))
