@@ -111,6 +111,28 @@ def _fits_int16(h: SliceHeader, modality: str) -> bool:
     return _INT16.min <= min(ends) and max(ends) <= _INT16.max
 
 
+def _rescale_int(stored: np.ndarray, h: SliceHeader, modality: str) -> np.ndarray:
+    """Integral rescale. When every stored value and every result fits int16 (known from the header),
+    compute in int16 in one pass -- wrap-around in an intermediate product is harmless, since the
+    final value is known to fit; otherwise widen and let the caller check the range."""
+    lo, hi = _stored_range(h)
+    if _fits_int16(h, modality) and _INT16.min <= lo and hi <= _INT16.max:
+        s16 = stored.view(np.int16) if stored.dtype.itemsize == 2 else stored.astype(np.int16)
+        values = np.empty(stored.shape, dtype=np.int16)
+        if h.slope == 1:
+            np.add(s16, np.int16(h.intercept), out=values)
+        else:
+            np.multiply(s16, np.int16(h.slope), out=values)
+            values += np.int16(h.intercept)
+        return values
+    values = stored.astype(np.int64 if stored.dtype.itemsize > 2 else np.int32)
+    if h.slope != 1:
+        values *= int(h.slope)
+    if h.intercept:
+        values += int(h.intercept)
+    return values
+
+
 def decode_plane(file: LoadedFile, h: SliceHeader, modality: str, dtype: str) -> tuple[np.ndarray, int]:
     """Decode one plane of a loaded file to modality values.
 
@@ -126,11 +148,7 @@ def decode_plane(file: LoadedFile, h: SliceHeader, modality: str, dtype: str) ->
         lo, hi = _stored_range(h)
         stored = (lo + hi) - stored
     if dtype == "int16":
-        values = stored.astype(np.int64 if stored.dtype.itemsize > 2 else np.int32)
-        if h.slope != 1:
-            values *= int(h.slope)
-        if h.intercept:
-            values += int(h.intercept)
+        values = _rescale_int(stored, h, modality)
     else:
         values = stored * np.float64(h.slope) + np.float64(h.intercept)
     n_padding = 0
@@ -139,9 +157,10 @@ def decode_plane(file: LoadedFile, h: SliceHeader, modality: str, dtype: str) ->
         values[padding] = PADDING_FILL.get(modality, 0)
     if dtype != "int16":
         return values.astype(np.float32), n_padding
-    if not _fits_int16(h, modality):
+    if values.dtype != np.int16:
         lo_v, hi_v = int(values.min()), int(values.max())
         if lo_v < _INT16.min or hi_v > _INT16.max:
             raise InputProblem("decode", f"values {lo_v}..{hi_v} do not fit int16 (RescaleSlope {h.slope}, "
                                          f"RescaleIntercept {h.intercept}): implausible for {modality or 'this modality'}")
-    return values.astype(np.int16), n_padding
+        values = values.astype(np.int16)
+    return values, n_padding

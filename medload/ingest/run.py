@@ -30,8 +30,10 @@ from medload.ingest.discover import DiscoveryProblem, SourceRef, discover
 from medload.ingest.geometry import Geometry, plan_geometry
 from medload.ingest.headers import SliceHeader
 from medload.ingest.report import IngestReport, SeriesOutcome
+from medload.ingest.ring import SliceRing
 from medload.ingest.series import SeriesCandidate, group_series
-from medload.ingest.worker import DecodeChunk, EncodedSlice, Failure, decode_chunk, header_batch, init_worker
+from medload.ingest.worker import (DecodeChunk, EncodedSlice, Failure, decode_chunk, header_batch, init_worker,
+                                   keep_slice_buffers_in_heap)
 from medload.progress import progress_bar
 from medload.store.digest import series_digest
 from medload.store.records import RejectRecord, SeriesRecord
@@ -63,6 +65,7 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     key = load_key(key_file)
     pseudo = Pseudonymizer(key)
     report = IngestReport(store=str(store))
+    keep_slice_buffers_in_heap()  # the writer puts slice-sized values too
     with _executor(cfg, key) as pool, StoreWriter(Path(store), codec=cfg.codec, windows=cfg.windows,
                                                   key_fingerprint=pseudo.fingerprint,
                                                   shard_bytes=cfg.shard_bytes) as writer:
@@ -117,15 +120,23 @@ def _executor(cfg: IngestConfig, key: bytes) -> Iterator[Executor]:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _ordered(pool: Executor, fn: Callable, tasks: Iterable, window: int) -> Iterator:
-    """Results of ``fn`` over ``tasks`` in task order, with at most ``window`` tasks in flight."""
-    pending: deque[Future] = deque()
-    for task in tasks:
-        pending.append(pool.submit(fn, task))
-        if len(pending) >= window:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+def _ordered(pool: Executor, fn: Callable, chunks: list[DecodeChunk], window: int,
+             ring: SliceRing | None) -> Iterator[tuple[DecodeChunk, object]]:
+    """(chunk, result) in chunk order, at most ``window`` chunks in flight, each holding a ring slot
+    until the caller has consumed its result."""
+    pending: deque[tuple[DecodeChunk, Future]] = deque()
+    todo = iter(chunks)
+    while True:
+        while len(pending) < window and (chunk := next(todo, None)) is not None:
+            if ring is not None:
+                chunk = replace(chunk, ring=ring.acquire())
+            pending.append((chunk, pool.submit(fn, chunk)))
+        if not pending:
+            return
+        chunk, future = pending.popleft()
+        yield chunk, future.result()
+        if chunk.ring is not None:
+            ring.release(chunk.ring)
 
 
 # ---- stages --------------------------------------------------------------------------------------
@@ -218,13 +229,17 @@ class _SeriesInProgress:
 
 def _decode_and_write(pool: Executor, writer: StoreWriter, plans: list[_Plan], cfg: IngestConfig,
                       report: IngestReport, progress: bool) -> None:
-    total = sum(len(p.geom.slots) for p in plans)
-    window = 2 * cfg.worker_count + 2
-    current: _SeriesInProgress | None = None
     chunks = list(_chunks(plans))
+    if not chunks:
+        return
+    window = 4 * cfg.worker_count + 8  # chunks in flight: enough to keep workers busy through a commit's fsync
+    ring = None
+    if not isinstance(pool, _InlineExecutor):  # in-process work needs no transport
+        ring = SliceRing.create(min(window, len(chunks)), max(_chunk_bound(c, cfg) for c in chunks))
+    current: _SeriesInProgress | None = None
     try:
-        with progress_bar("decoding and writing slices", total, enabled=progress) as advance:
-            for chunk, result in zip(chunks, _ordered(pool, decode_chunk, chunks, window)):
+        with progress_bar("decoding and writing slices", sum(len(c.slots) for c in chunks), enabled=progress) as advance:
+            for chunk, result in _ordered(pool, decode_chunk, chunks, window, ring):
                 plan = plans[chunk.series_index]
                 advance(len(chunk.slots))
                 if plan.failure is not None:
@@ -240,7 +255,7 @@ def _decode_and_write(pool: Executor, writer: StoreWriter, plans: list[_Plan], c
                     continue
                 if current is None or current.plan is not plan:
                     current = _SeriesInProgress(plan, writer.begin_series(plan.cand.key, _estimate(plan, cfg)))
-                _put(current, result)
+                _put(current, result, ring)
                 if chunk.z0 + len(chunk.slots) == len(plan.geom.slots):
                     _commit(current, cfg)
                     report.slices_written += len(plan.geom.slots)
@@ -249,6 +264,16 @@ def _decode_and_write(pool: Executor, writer: StoreWriter, plans: list[_Plan], c
     finally:
         if current is not None:
             current.txn.abort()
+        if ring is not None:
+            ring.close()
+
+
+def _chunk_bound(chunk: DecodeChunk, cfg: IngestConfig) -> int:
+    """Most bytes a chunk's encoded values can take (the codec adds at most 64 bytes to a value)."""
+    h = chunk.slots[0][0]
+    pixels = h.rows * h.cols
+    itemsize = 2 if chunk.dtype == "int16" else 4
+    return len(chunk.slots) * ((pixels * itemsize + 64) + len(cfg.windows) * (pixels + 64))
 
 
 def _estimate(plan: _Plan, cfg: IngestConfig) -> int:
@@ -257,9 +282,13 @@ def _estimate(plan: _Plan, cfg: IngestConfig) -> int:
     return len(plan.geom.slots) * per_value * (1 + len(cfg.windows))
 
 
-def _put(state: _SeriesInProgress, slices: list[EncodedSlice]) -> None:
+def _put(state: _SeriesInProgress, slices: list[EncodedSlice], ring: SliceRing | None) -> None:
+    """Hand the chunk's values to the transaction (LMDB copies them, so the ring slot can be reused)."""
+    def value(v):
+        return v if isinstance(v, bytes) else ring.view(v)
+
     for s in slices:
-        state.txn.put_slice(s.z, s.value, s.windows)
+        state.txn.put_slice(s.z, value(s.value), {name: value(v) for name, v in s.windows.items()})
         state.digests.append(s.digest)
         state.sources.append(s.source_hash)
         state.padding += s.padding

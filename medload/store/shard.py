@@ -37,7 +37,7 @@ def open_write_env(path: Path, map_size: int) -> lmdb.Environment:
     """Open (creating if needed) the environment of a shard being written; owner-only permissions."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return lmdb.open(
-        str(path), map_size=map_size, max_dbs=_MAX_DBS, subdir=True, sync=True, metasync=True,
+        str(path), map_size=map_size, max_dbs=_MAX_DBS, subdir=True, sync=True, metasync=False,
         readahead=False, mode=0o600,
     )
 

@@ -1,0 +1,103 @@
+"""A shared-memory ring through which decoding workers hand encoded slices to the one writer.
+
+Returning encoded slices through the process pool's result pipe copies every byte four times (pickle,
+pipe write, pipe read, unpickle) into freshly allocated buffers; measured here on 1024 512x512 slices
+with 2 workers, that transfer alone cost about 0.5 s of CPU, as much as decoding half the files. With
+the ring, a worker writes each encoded value once into a slot of a file mapped by every process
+(``MAP_SHARED``, on tmpfs), and the writer hands LMDB a view of it: one copy, no pickling, no page
+faults after the first pass over the ring.
+
+A slot belongs to one chunk in flight: the writer acquires it when it submits the chunk and releases
+it once LMDB has copied the chunk's values into its transaction. Space is reserved with
+``posix_fallocate`` so a small ``/dev/shm`` (as in many containers) fails at creation -- and the run
+falls back to the pipe -- instead of killing a worker with SIGBUS later.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import tempfile
+from dataclasses import dataclass
+
+__all__ = ["SliceRing", "RingSlot", "SlotWriter", "Span"]
+
+log = logging.getLogger(__name__)
+
+#: (offset, length) of one value inside the ring file
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class RingSlot:
+    """Where a chunk may write: ring file, and its slot's byte range."""
+
+    path: str
+    start: int
+    size: int
+
+
+class SliceRing:
+    """The writer's side: owns the ring file, hands out slots, and reads values back."""
+
+    def __init__(self, slots: int, slot_bytes: int) -> None:
+        directory = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, self.path = tempfile.mkstemp(prefix="medload-ring-", dir=directory)
+        try:
+            os.posix_fallocate(fd, 0, slots * slot_bytes)
+            self._map = mmap.mmap(fd, slots * slot_bytes)
+        except OSError:
+            os.unlink(self.path)
+            raise
+        finally:
+            os.close(fd)
+        self.slot_bytes = slot_bytes
+        self._free = list(range(slots - 1, -1, -1))
+
+    @classmethod
+    def create(cls, slots: int, slot_bytes: int) -> SliceRing | None:
+        """A ring, or None (values then travel through the pipe) when shared memory is too small."""
+        try:
+            return cls(slots, slot_bytes)
+        except OSError as exc:
+            log.info("no %d MB shared-memory ring (%s); encoded slices go through the pipe",
+                     slots * slot_bytes >> 20, exc)
+            return None
+
+    def acquire(self) -> RingSlot:
+        index = self._free.pop()
+        return RingSlot(self.path, index * self.slot_bytes, self.slot_bytes)
+
+    def release(self, slot: RingSlot) -> None:
+        self._free.append(slot.start // self.slot_bytes)
+
+    def view(self, span: Span) -> memoryview:
+        offset, length = span
+        return memoryview(self._map)[offset : offset + length]
+
+    def close(self) -> None:
+        self._map.close()
+        os.unlink(self.path)
+
+
+class SlotWriter:
+    """A worker's side: appends values into its chunk's slot; falls back to bytes when the slot is full."""
+
+    _maps: dict[str, mmap.mmap] = {}
+
+    def __init__(self, slot: RingSlot | None) -> None:
+        self._slot = slot
+        self._used = 0
+        if slot is not None and slot.path not in self._maps:
+            with open(slot.path, "r+b") as f:
+                self._maps[slot.path] = mmap.mmap(f.fileno(), 0)
+
+    def put(self, value: bytes) -> bytes | Span:
+        slot = self._slot
+        if slot is None or self._used + len(value) > slot.size:
+            return value
+        offset = slot.start + self._used
+        self._maps[slot.path][offset : offset + len(value)] = value
+        self._used += len(value)
+        return (offset, len(value))

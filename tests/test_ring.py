@@ -1,0 +1,63 @@
+"""The shared-memory ring between decoding workers and the writer, and its fallback to the pipe."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from conftest import store_dump
+from medload.ingest import ring as ring_mod
+from medload.ingest.ring import SliceRing, SlotWriter
+from medload.synthetic import SeriesSpec, make_series
+
+
+def test_slots_are_handed_out_once_and_reused_after_release():
+    ring = SliceRing(3, 1024)
+    try:
+        slots = [ring.acquire() for _ in range(3)]
+        assert sorted(s.start for s in slots) == [0, 1024, 2048]
+        with pytest.raises(IndexError):
+            ring.acquire()
+        ring.release(slots[1])
+        assert ring.acquire() == slots[1]
+    finally:
+        ring.close()
+    assert not os.path.exists(ring.path)
+
+
+def test_values_written_by_a_worker_are_read_back_by_the_writer():
+    ring = SliceRing(2, 100)
+    try:
+        slot = ring.acquire()
+        sink = SlotWriter(slot)
+        spans = [sink.put(b"a" * 40), sink.put(b"b" * 50)]
+        assert all(isinstance(s, tuple) for s in spans)
+        assert bytes(ring.view(spans[0])) == b"a" * 40 and bytes(ring.view(spans[1])) == b"b" * 50
+        assert sink.put(b"c" * 20) == b"c" * 20  # does not fit the slot: travels as bytes
+        assert SlotWriter(None).put(b"d") == b"d"
+    finally:
+        ring.close()
+
+
+def test_no_shared_memory_means_no_ring(monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ring_mod.os, "posix_fallocate", full)
+    assert SliceRing.create(4, 1 << 20) is None
+    assert not [p for p in os.listdir("/dev/shm") if p.startswith("medload-ring-")] if os.path.isdir("/dev/shm") else True
+
+
+@pytest.mark.parametrize("ring_available", [True, False])
+def test_two_workers_with_or_without_ring_equal_one_worker(run_ingest, tmp_path, monkeypatch, ring_available):
+    src = tmp_path / "src"
+    make_series(src, SeriesSpec(n_slices=40, rows=64, cols=64), seed=3)
+    make_series(src, SeriesSpec(n_slices=9, orientation="oblique"), seed=4, series_number=2)
+    if not ring_available:
+        monkeypatch.setattr(SliceRing, "create", classmethod(lambda cls, slots, size: None))
+    _, one = run_ingest(src, workers=1, windows=("lung",))
+    _, two = run_ingest(src, workers=2, windows=("lung",))
+    assert len(one.series()) == 2
+    assert store_dump(one) == store_dump(two)
