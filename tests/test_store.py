@@ -7,6 +7,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,8 +150,8 @@ def test_newer_format_version_is_refused(tmp_path, volumes):
         open_store(tmp_path)
 
 
-def test_uncommitted_series_is_absent_and_committed_ones_survive_a_crash(tmp_path, volumes):
-    """A writer killed mid-run: committed series are published by the next writer, the open one is gone."""
+def _crash_while_writing(root, volumes, die_in: int) -> None:
+    """Run a writer in a child process that dies (os._exit) inside the transaction of series ``die_in``."""
     keys = sorted(volumes)
     script = textwrap.dedent(f"""
         import os, numpy as np
@@ -158,17 +159,23 @@ def test_uncommitted_series_is_absent_and_committed_ones_survive_a_crash(tmp_pat
         from medload.store.writer import StoreWriter
         from test_store import _record
         vols = {{bytes.fromhex(k): np.array(v, dtype=np.int16) for k, v in {[(k.hex(), volumes[k].tolist()) for k in keys]!r}}}
-        w = StoreWriter({str(tmp_path / 's')!r}, codec="blosc2-lz4", windows=(), key_fingerprint="k")
+        w = StoreWriter({str(root)!r}, codec="blosc2-lz4", windows=(), key_fingerprint="k")
         for i, (key, vol) in enumerate(vols.items()):
             txn = w.begin_series(key, vol.nbytes)
             for z, plane in enumerate(vol):
                 txn.put_slice(z, encode_value(plane, get_codec("blosc2-lz4")))
-            if i == 2:
-                os._exit(9)  # dies inside the third series' transaction
+            if i == {die_in}:
+                os._exit(9)
             txn.commit(_record(key, len(vol), *vol.shape[1:]), {{}})
     """)
-    run = subprocess.run([sys.executable, "-c", script], cwd=str(__import__("pathlib").Path(__file__).parent))
+    run = subprocess.run([sys.executable, "-c", script], cwd=str(Path(__file__).parent))
     assert run.returncode == 9
+
+
+def test_uncommitted_series_is_absent_and_committed_ones_survive_a_crash(tmp_path, volumes):
+    """A writer killed mid-run: committed series are published by the next writer, the open one is gone."""
+    keys = sorted(volumes)
+    _crash_while_writing(tmp_path / "s", volumes, die_in=2)
     assert open_store(tmp_path / "s").series() == []  # nothing published yet
     with StoreWriter(tmp_path / "s", codec="blosc2-lz4", windows=(), key_fingerprint="k") as writer:
         assert set(writer.series_fingerprints) == set(keys[:2])
@@ -176,6 +183,17 @@ def test_uncommitted_series_is_absent_and_committed_ones_survive_a_crash(tmp_pat
     assert [r.key_bytes for r in store.series()] == keys[:2]
     for key in keys[:2]:
         assert np.array_equal(store.read(key), volumes[key])
+    assert not list((tmp_path / "s" / "staging").iterdir())
+
+
+def test_staging_shard_from_before_a_system_restart_is_discarded(tmp_path, volumes):
+    """Unsynced commits are trusted only within the boot that wrote them."""
+    _crash_while_writing(tmp_path / "s", volumes, die_in=2)
+    (marker,) = (tmp_path / "s" / "staging").glob("*.lmdb/boot_id")
+    marker.write_text("a-boot-before-a-power-cut")
+    with StoreWriter(tmp_path / "s", codec="blosc2-lz4", windows=(), key_fingerprint="k") as writer:
+        assert writer.series_fingerprints == {}
+    assert open_store(tmp_path / "s").series() == []
     assert not list((tmp_path / "s" / "staging").iterdir())
 
 
