@@ -32,6 +32,7 @@ demo: $(BIN)/.installed
 	$(BIN)/medload info $(STORE)
 
 test: $(BIN)/.dev-installed apt-deps
+	$(BIN)/ruff check medload tests benchmarks sample_data
 	$(BIN)/pytest -q
 
 clean:

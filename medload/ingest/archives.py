@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, cast
+from typing import BinaryIO, cast
+from collections.abc import Callable, Iterator
 
 from medload.errors import ConfigError
 
@@ -271,6 +272,19 @@ def _scan_zip(path: str, limits: ArchiveLimits) -> Iterator[SourceRef | Discover
                 yield _sniffed(path, name, info.file_size, head)
 
 
+_IGNORE = "ignore"
+
+
+def _tar_member_verdict(path: str, member: tarfile.TarInfo, seen: set[str], limits: ArchiveLimits) -> str | None:
+    """``None``: read the member; ``_IGNORE``: skip it silently (a folder entry, OS junk); else why it is refused."""
+    reason = _unsafe_reason(member.name)
+    if reason is None and (member.isdir() or is_junk(member.name)):
+        log.debug("ignoring %s!%s", path, member.name)
+        return _IGNORE
+    return (reason or _duplicate_reason(member.name, seen) or _tar_reason(member)
+            or _size_reason(member.size, None, limits))
+
+
 def _tar_reason(member: tarfile.TarInfo) -> str | None:
     """Why a tar member is not a plain regular file we read."""
     if member.issym():
@@ -304,12 +318,9 @@ def _scan_tar(path: str, limits: ArchiveLimits) -> Iterator[SourceRef | Discover
                 return
             seen: set[str] = set()
             for member in sorted(members, key=attrgetter("name")):
-                reason = _unsafe_reason(member.name)
-                if reason is None and (member.isdir() or is_junk(member.name)):
-                    log.debug("ignoring %s!%s", path, member.name)
+                reason = _tar_member_verdict(path, member, seen, limits)
+                if reason is _IGNORE:
                     continue
-                reason = (reason or _duplicate_reason(member.name, seen) or _tar_reason(member)
-                          or _size_reason(member.size, None, limits))
                 if reason is None and member.offset_data + member.size > file_size:
                     reason = "member data truncated (archive cut short)"
                 if reason is None:
@@ -345,12 +356,9 @@ def _scan_tar_stream(path: str, compression: str, limits: ArchiveLimits,
                     reason = _archive_reason(count, total, limits)
                     if reason:
                         raise _Rejected(reason)
-                    reason = _unsafe_reason(member.name)
-                    if reason is None and (member.isdir() or is_junk(member.name)):
-                        log.debug("ignoring %s!%s", path, member.name)
+                    reason = _tar_member_verdict(path, member, seen, limits)
+                    if reason is _IGNORE:
                         continue
-                    reason = (reason or _duplicate_reason(member.name, seen) or _tar_reason(member)
-                              or _size_reason(member.size, None, limits))
                     if reason is None:
                         found.append((member.name, _spool_member(path, archive, member, spool, check_ratio)))
                     else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import struct
-from functools import lru_cache
+from functools import cache
 
 from pydicom.datadict import dictionary_VR, tag_for_keyword
 from pydicom.dataelem import RawDataElement
@@ -28,7 +28,7 @@ __all__ = ["text", "strings", "integer", "decimal", "vector", "window_pairs"]
 _BINARY = {"US": "H", "SS": "h", "UL": "I", "SL": "i", "FL": "f", "FD": "d", "US or SS": "H"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _info(keyword: str) -> tuple[int, str, str]:
     tag = tag_for_keyword(keyword)
     return tag, dictionary_VR(tag), f"{keyword} ({tag >> 16:04X},{tag & 0xFFFF:04X})"
