@@ -17,7 +17,8 @@ from typing import BinaryIO
 import pydicom
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
-from pydicom.uid import UID, ExplicitVRBigEndian, ExplicitVRLittleEndian, ImplicitVRLittleEndian
+from pydicom.uid import (UID, DeflatedExplicitVRLittleEndian, ExplicitVRBigEndian, ExplicitVRLittleEndian,
+                         ImplicitVRLittleEndian)
 
 from medload.config import IngestConfig
 from medload.errors import InputProblem
@@ -97,7 +98,7 @@ class SliceHeader:
 def read_headers(ref: SourceRef, pseudo: Pseudonymizer, cfg: IngestConfig) -> list[SliceHeader]:
     """Parse one file's header; one SliceHeader per image plane. Raises :class:`InputProblem`."""
     with _open(ref) as fp:
-        ds = _parse(fp, ref)
+        ds = _parse(fp)
         pixel_pos = fp.tell()
         sop_class = str(ds.get("SOPClassUID", "") or getattr(ds.file_meta, "MediaStorageSOPClassUID", "") or "")
         if not sop_class:
@@ -106,7 +107,10 @@ def read_headers(ref: SourceRef, pseudo: Pseudonymizer, cfg: IngestConfig) -> li
             raise InputProblem("header", f"{UID(sop_class).name} ({sop_class}) is not a CT/MR/PET volume image",
                                skipped=True)
         syntax = _transfer_syntax(ds)
-        length, value_offset = _pixel_element(fp, pixel_pos, syntax)
+        if syntax == DeflatedExplicitVRLittleEndian:  # positions in the file mean nothing: pydicom decodes
+            length, value_offset = 0xFFFFFFFF, 0
+        else:
+            length, value_offset = _pixel_element(fp, pixel_pos, syntax)
     if length is None:
         raise InputProblem("header", "no Pixel Data (7FE0,0010) in an image object")
     base = _base_fields(ds, ref, pseudo, sop_class, syntax)
@@ -125,7 +129,7 @@ def _open(ref: SourceRef) -> BinaryIO:
     return io.BytesIO(read_source(ref))
 
 
-def _parse(fp: BinaryIO, ref: SourceRef) -> Dataset:
+def _parse(fp: BinaryIO) -> Dataset:
     try:
         return pydicom.dcmread(fp, stop_before_pixels=True)
     except InvalidDicomError:
@@ -227,7 +231,7 @@ def _base_fields(ds: Dataset, ref: SourceRef, pseudo: Pseudonymizer, sop_class: 
         file_size=ref.size,
         manufacturer=tags.text(ds, "Manufacturer"),
         model=tags.text(ds, "ManufacturerModelName"),
-        kernel="\\".join(tags.strings(ds, "ConvolutionKernel")) or None,
+        kernel=tags.text(ds, "ConvolutionKernel"),  # case kept: Siemens kernels differ by case (B30f)
         body_part=tags.text(ds, "BodyPartExamined"),
         series_description=tags.text(ds, "SeriesDescription"),
         window=tags.window_pairs(ds),
