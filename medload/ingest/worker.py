@@ -2,8 +2,9 @@
 
 Workers receive the pseudonymisation key and settings once (:func:`init_worker`) and then only small
 task descriptions. A decode chunk covers consecutive slots of one series; it returns ready store
-values (codec payload + checksum), pre-windowed planes, and per-slice digests, so the single writer
-only has to ``put`` bytes. Problems never escape as exceptions: they come back as :class:`Failure`.
+values (codec payload + checksum; written into the shared-memory ring when the writer provides one),
+pre-windowed planes, and per-slice digests, so the single writer only has to ``put`` bytes. Problems
+never escape as exceptions: they come back as :class:`Failure`.
 """
 
 from __future__ import annotations
