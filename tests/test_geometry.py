@@ -11,32 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import AXIAL
+from conftest import slice_header as header
 from medload.config import IngestConfig
 from medload.errors import InputProblem
 from medload.ingest.discover import SourceRef
 from medload.ingest.geometry import LPS_TO_RAS, plan_geometry
 from medload.ingest.headers import SliceHeader
-
-AXIAL = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
-PIXEL_SPACING = (0.7, 0.8)  # (row spacing, column spacing), as in PixelSpacing (0028,0030)
-
-
-def header(position, orientation=AXIAL, *, name: str = "slice.dcm", instance: str = "1.2.3", frame=None,
-           pixel_spacing=PIXEL_SPACING, slice_thickness: float | None = None,
-           spacing_between_slices: float | None = None) -> SliceHeader:
-    """A plausible CT slice header at ``position`` (LPS mm); only geometry fields matter here."""
-    return SliceHeader(
-        ref=SourceRef(path=f"/data/{name}", member=None, size=1000),
-        frame=frame, sop_class="1.2.840.10008.5.1.4.1.1.2", instance=instance, series="series", study="study",
-        patient="patient", modality="CT", image_type=("ORIGINAL", "PRIMARY", "AXIAL"), rows=4, cols=5,
-        samples_per_pixel=1, photometric="MONOCHROME2", bits_allocated=16, bits_stored=12, high_bit=11,
-        pixel_representation=0, slope=1.0, intercept=-1024.0, has_rescale=True, padding_value=None,
-        padding_limit=None, orientation=tuple(float(v) for v in orientation),
-        position=tuple(float(v) for v in position), pixel_spacing=tuple(float(v) for v in pixel_spacing),
-        slice_thickness=slice_thickness, spacing_between_slices=spacing_between_slices,
-        transfer_syntax="1.2.840.10008.1.2.1", pixel_offset=0, number_of_frames=1, echo="", stack="",
-        file_size=1000,
-    )
 
 
 def normal_of(orientation) -> np.ndarray:

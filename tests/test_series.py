@@ -1,0 +1,58 @@
+"""Grouping and splitting: one SeriesInstanceUID holding parts that cannot share a voxel grid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pydicom
+
+from medload.synthetic import SeriesSpec, make_series
+
+CORONAL = (1.0, 0.0, 0.0, 0.0, 0.0, -1.0)
+
+
+def _same_series_uid(paths: list[Path], uid: str) -> None:
+    for path in paths:
+        ds = pydicom.dcmread(path)
+        ds.SeriesInstanceUID = uid
+        ds.save_as(path)
+
+
+def test_orientations_and_matrices_in_one_series_become_separate_volumes(tmp_path, run_ingest):
+    src = tmp_path / "src"
+    axial = make_series(src, SeriesSpec(n_slices=8, rows=32, cols=40), seed=1)
+    coronal = make_series(src, SeriesSpec(n_slices=6, rows=32, cols=40, orientation=CORONAL), seed=2,
+                          study_uid=axial.study_uid)
+    bigger = make_series(src, SeriesSpec(n_slices=5, rows=48, cols=40), seed=3, study_uid=axial.study_uid)
+    _same_series_uid(coronal.paths + bigger.paths, axial.series_uid)
+    report, store = run_ingest(src)
+    assert report.counts["ingested"] == 3 and not report.rejects
+    records = store.series()
+    assert len({r.key for r in records}) == 3 and len({r.series for r in records}) == 1
+    for gen in (axial, coronal, bigger):
+        (rec,) = [r for r in records if r.shape == gen.hu.shape and np.allclose(r.affine, gen.affine_ras, atol=1e-4)]
+        assert np.array_equal(store.read(rec.key), gen.hu)
+
+
+def test_split_keys_do_not_depend_on_which_other_parts_are_present(tmp_path, run_ingest):
+    src = tmp_path / "src"
+    axial = make_series(src, SeriesSpec(n_slices=8, rows=32, cols=40), seed=1)
+    _, alone = run_ingest(src)
+    coronal = make_series(src, SeriesSpec(n_slices=6, rows=32, cols=40, orientation=CORONAL), seed=2,
+                          study_uid=axial.study_uid)
+    _same_series_uid(coronal.paths, axial.series_uid)
+    _, both = run_ingest(src)
+    assert {r.key for r in alone.series()} < {r.key for r in both.series()}
+
+
+def test_orientation_rounding_noise_is_not_a_split(tmp_path, run_ingest):
+    src = tmp_path / "src"
+    gen = make_series(src, SeriesSpec(n_slices=8, rows=32, cols=40), seed=1)
+    for k, path in enumerate(gen.paths):  # IOP written with 1e-5 noise, as some scanners do
+        ds = pydicom.dcmread(path)
+        ds.ImageOrientationPatient = [f"{v + (1e-5 if k % 2 else -1e-5):.6f}" for v in map(float, ds.ImageOrientationPatient)]
+        ds.save_as(path)
+    report, store = run_ingest(src)
+    (rec,) = store.series()
+    assert rec.shape == gen.hu.shape and np.array_equal(store.read(rec.key), gen.hu)
