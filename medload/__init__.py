@@ -13,8 +13,8 @@ __version__ = "0.1.0"  # defined before the imports below: the store writer reco
 from medload import windows  # noqa: E402
 from medload.config import IngestConfig  # noqa: E402
 from medload.errors import MedloadError  # noqa: E402
-from medload.store.records import RejectRecord, SeriesRecord  # noqa: E402
-from medload.store.store import Store, open_store  # noqa: E402
+from medload.storage.records import RejectRecord, SeriesRecord  # noqa: E402
+from medload.storage.store import Store, open_store  # noqa: E402
 
 __all__ = ["open_store", "Store", "IngestConfig", "SeriesRecord", "RejectRecord", "windows",
            "MedloadError", "__version__"]

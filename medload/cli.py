@@ -15,7 +15,7 @@ from rich.table import Table
 
 from medload.config import IngestConfig, parse_size
 from medload.errors import MedloadError
-from medload.store.codec import CODECS, DEFAULT_CODEC
+from medload.storage.codec import CODECS, DEFAULT_CODEC
 
 __all__ = ["main"]
 
@@ -90,7 +90,7 @@ def _print_ingest_summary(report) -> None:
 @click.argument("store", type=click.Path(exists=True, path_type=Path))
 def info(store: Path) -> None:
     """Summary of STORE: format, shards, series, quarantine."""
-    from medload.store.store import open_store
+    from medload.storage.store import open_store
 
     st = open_store(store)
     m = st.manifest
@@ -116,7 +116,7 @@ def info(store: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of series records.")
 def ls_(store: Path, as_json: bool) -> None:
     """List the series of STORE (keys, shapes, geometry, digests)."""
-    from medload.store.store import open_store
+    from medload.storage.store import open_store
 
     records = open_store(store).series()
     if as_json:
@@ -132,8 +132,8 @@ def ls_(store: Path, as_json: bool) -> None:
 @click.argument("out", type=click.Path(path_type=Path))
 def export(store: Path, key: str, out: Path) -> None:
     """Write series KEY (a unique key prefix is enough) of STORE as NIfTI to OUT (.nii or .nii.gz)."""
-    from medload.store.nifti import export_nifti
-    from medload.store.store import open_store
+    from medload.storage.nifti import export_nifti
+    from medload.storage.store import open_store
 
     path = export_nifti(open_store(store), key, out)
     _out.print(f"wrote {path}")
@@ -147,7 +147,7 @@ def rejects(store: Path, as_json: bool, include_skipped: bool) -> None:
     """Inputs of STORE that were rejected (and with --all, skipped), with stage and reason."""
     from dataclasses import asdict
 
-    from medload.store.store import open_store
+    from medload.storage.store import open_store
 
     records = open_store(store).rejects(include_skipped=include_skipped)
     if as_json:

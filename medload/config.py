@@ -32,7 +32,7 @@ class IngestConfig:
 
     Attributes:
         workers: decoding processes (``None``: all cores; 1: everything in this process).
-        codec: slice codec for a new store (see :mod:`medload.store.codec`).
+        codec: slice codec for a new store (see :mod:`medload.storage.codec`).
         windows: names of pre-windowed uint8 planes to store besides HU (see :mod:`medload.windows`).
         spacing_tolerance_mm, spacing_tolerance_rel: a slice may sit at most
             ``max(mm, rel * slice spacing)`` from where the affine puts it; otherwise the series has

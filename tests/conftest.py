@@ -12,7 +12,7 @@ from medload.config import IngestConfig
 from medload.ingest.discover import SourceRef
 from medload.ingest.headers import SliceHeader
 from medload.ingest.run import ingest
-from medload.store.store import Store, open_store
+from medload.storage.store import Store, open_store
 
 REPO = Path(__file__).resolve().parents[1]
 AXIAL = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
@@ -47,8 +47,8 @@ def run_ingest(tmp_path):
 def store_dump(store: Store) -> list[tuple[bytes, bytes, bytes]]:
     """Sorted (sub-database, key, value) of every record of every shard: the logical content of a store,
     independent of shard names and grouping."""
-    from medload.store.shard import reader_env
-    from medload.store.manifest import shard_path
+    from medload.storage.shard import reader_env
+    from medload.storage.manifest import shard_path
 
     out = []
     for entry in store.manifest.shards:

@@ -16,13 +16,13 @@ from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import discover, read_source
 from medload.ingest.pixels import LoadedFile, decode_plane
 from medload.config import IngestConfig
-from medload.store.nifti import export_nifti
+from medload.storage.nifti import export_nifti
 
 
 @pytest.fixture(scope="module")
 def philips(tmp_path_factory):
     from medload.ingest.run import ingest
-    from medload.store.store import open_store
+    from medload.storage.store import open_store
 
     path = tmp_path_factory.mktemp("philips") / "store"
     report = ingest(PHILIPS / "dicom", path, config=IngestConfig(workers=2))

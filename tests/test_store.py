@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from medload.errors import ChecksumError, ConfigError, SeriesNotFoundError, StoreFormatError, StoreLockedError
-from medload.store.codec import CODECS, decode_value, encode_value, get_codec
-from medload.store.keys import series_key, slice_key, split_slice_key
-from medload.store.records import SeriesRecord
-from medload.store.store import open_store
-from medload.store.writer import StoreWriter
+from medload.storage.codec import CODECS, decode_value, encode_value, get_codec
+from medload.storage.keys import series_key, slice_key, split_slice_key
+from medload.storage.records import SeriesRecord
+from medload.storage.store import open_store
+from medload.storage.writer import StoreWriter
 
 _DTYPES = st.sampled_from([np.int16, np.uint8, np.uint16, np.float32])
 
@@ -155,8 +155,8 @@ def _crash_while_writing(root, volumes, die_in: int) -> None:
     keys = sorted(volumes)
     script = textwrap.dedent(f"""
         import os, numpy as np
-        from medload.store.codec import encode_value, get_codec
-        from medload.store.writer import StoreWriter
+        from medload.storage.codec import encode_value, get_codec
+        from medload.storage.writer import StoreWriter
         from test_store import _record
         vols = {{bytes.fromhex(k): np.array(v, dtype=np.int16) for k, v in {[(k.hex(), volumes[k].tolist()) for k in keys]!r}}}
         w = StoreWriter({str(root)!r}, codec="blosc2-lz4", windows=(), key_fingerprint="k")

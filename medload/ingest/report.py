@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from medload.store.records import RejectRecord
+from medload.storage.records import RejectRecord
 
 __all__ = ["SeriesOutcome", "IngestReport"]
 

@@ -35,9 +35,9 @@ from medload.ingest.series import SeriesCandidate, group_series
 from medload.ingest.worker import (DecodeChunk, EncodedSlice, Failure, decode_chunk, header_batch, init_worker,
                                    keep_slice_buffers_in_heap)
 from medload.progress import progress_bar
-from medload.store.digest import series_digest
-from medload.store.records import RejectRecord, SeriesRecord
-from medload.store.writer import SeriesTransaction, StoreWriter
+from medload.storage.digest import series_digest
+from medload.storage.records import RejectRecord, SeriesRecord
+from medload.storage.writer import SeriesTransaction, StoreWriter
 
 __all__ = ["ingest"]
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from medload.ingest.headers import SliceHeader
-from medload.store.keys import series_key
+from medload.storage.keys import series_key
 
 __all__ = ["SeriesCandidate", "group_series"]
 

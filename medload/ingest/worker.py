@@ -25,8 +25,8 @@ from medload.ingest.discover import SourceRef, read_source
 from medload.ingest.headers import SliceHeader, read_headers
 from medload.ingest.pixels import LoadedFile, decode_plane
 from medload.ingest.ring import RingSlot, SlotWriter, Span
-from medload.store.codec import encode_value, get_codec
-from medload.store.digest import slice_digest
+from medload.storage.codec import encode_value, get_codec
+from medload.storage.digest import slice_digest
 
 __all__ = ["init_worker", "header_batch", "decode_chunk", "DecodeChunk", "EncodedSlice", "Failure",
            "keep_slice_buffers_in_heap"]

@@ -3,7 +3,7 @@
 Follows py-lmdb's "Forking & multiprocessing" rules: a writer environment is opened by the one writer
 process only; readers open published shards read-only with ``lock=False`` (they are immutable, so no
 reader table is needed) and ``readahead=False`` (random slab reads should not pull neighbours from
-disk), and never use an environment across ``fork`` (see :mod:`medload.store.store`).
+disk), and never use an environment across ``fork`` (see :mod:`medload.storage.store`).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ _readers_pid = os.getpid()
 def reader_env(path: Path) -> lmdb.Environment:
     """The read-only environment of a published shard, opened once per process.
 
-    LMDB allows one handle per environment and process, so every :class:`~medload.store.Store` of a
+    LMDB allows one handle per environment and process, so every :class:`~medload.storage.Store` of a
     process shares these. After a ``fork`` the parent's handles are dropped unused (never closed, never
     used) and the child opens its own.
     """

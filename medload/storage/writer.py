@@ -33,11 +33,11 @@ import lmdb
 
 from medload import __version__
 from medload.errors import ConfigError, StoreError, StoreLockedError
-from medload.store import shard as sh
-from medload.store.keys import slice_key
-from medload.store.manifest import (Manifest, ShardEntry, fsync_dir, read_manifest, shard_path,
+from medload.storage import shard as sh
+from medload.storage.keys import slice_key
+from medload.storage.manifest import (Manifest, ShardEntry, fsync_dir, read_manifest, shard_path,
                                     staging_path, write_file_atomic, write_manifest)
-from medload.store.records import RejectRecord, SeriesRecord
+from medload.storage.records import RejectRecord, SeriesRecord
 
 __all__ = ["StoreWriter", "SeriesTransaction"]
 

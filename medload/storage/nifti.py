@@ -8,7 +8,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
-from medload.store.store import Store
+from medload.storage.store import Store
 
 __all__ = ["export_nifti", "to_nifti"]
 

@@ -16,11 +16,11 @@ import lmdb
 import numpy as np
 
 from medload.errors import ConfigError, SeriesNotFoundError, StoreError
-from medload.store import shard as sh
-from medload.store.codec import decode_value, value_shape
-from medload.store.keys import SERIES_KEY_BYTES, slice_key, split_slice_key
-from medload.store.manifest import Manifest, read_manifest, shard_path
-from medload.store.records import RejectRecord, SeriesRecord
+from medload.storage import shard as sh
+from medload.storage.codec import decode_value, value_shape
+from medload.storage.keys import SERIES_KEY_BYTES, slice_key, split_slice_key
+from medload.storage.manifest import Manifest, read_manifest, shard_path
+from medload.storage.records import RejectRecord, SeriesRecord
 
 __all__ = ["Store", "open_store"]
 

@@ -1,0 +1,1 @@
+"""medload.storage: the LMDB slice store -- format, single writer, reader, NIfTI export."""
