@@ -62,7 +62,7 @@ def get(spec: str | Window) -> Window:
     m = _CUSTOM.match(spec)
     if m and float(m.group(1)) > 0:
         width, level = float(m.group(1)), float(m.group(2))
-        return Window(f"w{m.group(1)}_l{m.group(2)}".replace("-", "m").replace(".", "p"), width, level)
+        return Window(f"{width:g}/{level:g}", width, level)  # the name parses back to the same window
     raise ConfigError(f"unknown window {spec!r}: use one of {', '.join(PRESETS)} or WIDTH/LEVEL such as 400/40")
 
 

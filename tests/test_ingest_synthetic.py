@@ -32,6 +32,7 @@ from pydicom.uid import (
 
 from conftest import file_hashes, store_dump
 from medload import windows as win
+from medload.errors import ConfigError
 from medload.storage.nifti import export_nifti
 from medload.synthetic import (
     GeneratedSeries,
@@ -543,3 +544,13 @@ def test_deflated_transfer_syntax_is_decoded_through_pydicom(tmp_path: Path, run
     report, store = run_ingest(tmp_path / "deflated")
     rec = the_volume(report, store, gen)
     assert np.array_equal(store.read(rec.key), gen.hu)
+
+
+def test_custom_window_planes_are_read_by_their_width_and_level(tmp_path: Path, run_ingest) -> None:
+    gen = make_series(tmp_path / "src", SeriesSpec(**SMALL), seed=31)
+    report, store = run_ingest(tmp_path / "src", windows=("350/50",))
+    rec = the_volume(report, store, gen)
+    expected = win.to_uint8(gen.hu, win.get("350/50"))
+    assert np.array_equal(store.read(rec.key, window="350/50"), expected)
+    with pytest.raises(ConfigError, match="no stored 'lung' planes"):
+        store.read(rec.key, window="lung")

@@ -15,6 +15,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 
+from medload import windows
 from medload.errors import ConfigError, SeriesNotFoundError, StoreError
 from medload.storage import shard as sh
 from medload.storage.codec import decode_value, value_shape
@@ -118,7 +119,7 @@ class Store:
         """Slices ``z0 <= z < z1`` of a series as one ``(z1 - z0, rows, columns)`` array.
 
         HU int16 for CT (float32 where the rescale is not integral), or uint8 planes of a window stored
-        at ingest (``window="lung"``). One LMDB cursor range scan; each value's checksum is verified
+        at ingest (``window="lung"`` or ``"350/50"``). One LMDB cursor range scan; each value's checksum is verified
         unless ``verify=False``.
         """
         rec = self.record(key)
@@ -126,10 +127,11 @@ class Store:
         z1 = depth if z1 is None else z1
         if not 0 <= z0 < z1 <= depth:
             raise ConfigError(f"slices [{z0}, {z1}) are outside series {rec.key[:12]} of {depth} slices")
-        if window is None:
+        name = None if window is None else windows.get(window).name  # "350/50" names its custom window
+        if name is None:
             db_name, dtype = sh.SLICES, _NUMPY_DTYPES[rec.dtype]
-        elif window in rec.windows:
-            db_name, dtype = sh.window_db(window), np.uint8
+        elif name in rec.windows:
+            db_name, dtype = sh.window_db(name), np.uint8
         else:
             raise ConfigError(f"series {rec.key[:12]} has no stored {window!r} planes (it has {list(rec.windows) or 'none'})")
         out = np.empty((z1 - z0, rec.shape[1], rec.shape[2]), dtype=dtype)
