@@ -56,3 +56,24 @@ def test_orientation_rounding_noise_is_not_a_split(tmp_path, run_ingest):
     report, store = run_ingest(src)
     (rec,) = store.series()
     assert rec.shape == gen.hu.shape and np.array_equal(store.read(rec.key), gen.hu)
+
+
+def test_sixteen_bit_mr_is_stored_as_float32_not_refused(tmp_path, run_ingest):
+    """Unsigned 16-bit MR without a rescale may use values up to 65535: they do not fit int16."""
+    src = tmp_path / "src"
+    gen = make_series(src, SeriesSpec(n_slices=4, rows=32, cols=40, bits_stored=16, rescale_intercept=-1024.0), seed=5)
+    for path in gen.paths:
+        ds = pydicom.dcmread(path)
+        ds.Modality = "MR"
+        ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = pydicom.uid.MRImageStorage
+        del ds.RescaleSlope, ds.RescaleIntercept, ds.RescaleType
+        pixels = ds.pixel_array.copy()
+        pixels[0, 0] = 65000
+        ds.PixelData = pixels.tobytes()
+        ds.save_as(path)
+    report, store = run_ingest(src)
+    (rec,) = store.series()
+    assert rec.modality == "MR" and rec.dtype == "float32"
+    volume = store.read(rec.key)
+    assert volume.dtype == np.float32 and volume.max() == 65000
+    assert np.array_equal(volume[volume != 65000], (gen.hu + 1024)[volume != 65000])

@@ -30,7 +30,7 @@ from pydicom.uid import ExplicitVRBigEndian
 from medload.errors import InputProblem
 from medload.ingest.headers import SliceHeader
 
-__all__ = ["LoadedFile", "decode_plane", "PADDING_FILL"]
+__all__ = ["LoadedFile", "decode_plane", "fits_int16", "PADDING_FILL"]
 
 #: value given to padding pixels, by modality
 PADDING_FILL = {"CT": -1024}
@@ -104,7 +104,7 @@ def _stored_scalar(value: int, h: SliceHeader) -> int:
     return int(_bits(np.array([value & ((1 << width) - 1)], dtype=f"u{width // 8}"), h, shift=False)[0])
 
 
-def _fits_int16(h: SliceHeader, modality: str) -> bool:
+def fits_int16(h: SliceHeader, modality: str) -> bool:
     """Whether every possible stored value, rescaled (and padding fill), fits int16: no range scan needed."""
     lo, hi = _stored_range(h)
     ends = (lo * h.slope + h.intercept, hi * h.slope + h.intercept, PADDING_FILL.get(modality, 0))
@@ -116,7 +116,7 @@ def _rescale_int(stored: np.ndarray, h: SliceHeader, modality: str) -> np.ndarra
     compute in int16 in one pass -- wrap-around in an intermediate product is harmless, since the
     final value is known to fit; otherwise widen and let the caller check the range."""
     lo, hi = _stored_range(h)
-    if _fits_int16(h, modality) and _INT16.min <= lo and hi <= _INT16.max:
+    if fits_int16(h, modality) and _INT16.min <= lo and hi <= _INT16.max:
         s16 = stored.view(np.int16) if stored.dtype.itemsize == 2 else stored.astype(np.int16)
         values = np.empty(stored.shape, dtype=np.int16)
         if h.slope == 1:

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from medload.ingest.headers import SliceHeader
+from medload.ingest.pixels import fits_int16
 from medload.storage.keys import series_key
 
 __all__ = ["SeriesCandidate", "group_series"]
@@ -43,9 +44,18 @@ class SeriesCandidate:
 
     @property
     def value_dtype(self) -> str:
-        """``int16`` when every plane's rescale is integral (lossless HU), else ``float32``."""
-        integral = all(float(h.slope).is_integer() and float(h.intercept).is_integer() for h in self.headers)
-        return "int16" if integral else "float32"
+        """How the volume is stored: ``int16`` or ``float32`` (exact for every 16-bit integer).
+
+        ``int16`` when every plane's rescale is integral and either the modality is CT (HU beyond
+        int16 are implausible; a slice that has them is refused, never wrapped) or the header proves
+        every value fits; otherwise ``float32`` -- e.g. PET with fractional slopes, or 16-bit MR whose
+        values may reach 65535.
+        """
+        if not all(float(h.slope).is_integer() and float(h.intercept).is_integer() for h in self.headers):
+            return "float32"
+        if self.first.modality == "CT" or all(fits_int16(h, h.modality) for h in self.headers):
+            return "int16"
+        return "float32"
 
     @property
     def fingerprint(self) -> str:
