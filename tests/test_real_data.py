@@ -136,3 +136,12 @@ def test_second_ingest_reports_present_and_changes_no_byte(tmp_path):
     assert second.counts["present"] == 1 and second.counts["ingested"] == 0
     assert second.counts["skipped"] == first.counts["skipped"]
     assert file_hashes(store) == before
+
+
+def test_a_missing_source_is_an_error_before_anything_is_created(tmp_path):
+    from medload.errors import ConfigError
+    from medload.ingest.run import ingest
+
+    with pytest.raises(ConfigError, match="source not found"):
+        ingest(tmp_path / "typo", tmp_path / "store")
+    assert not (tmp_path / "store").exists()

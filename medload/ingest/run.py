@@ -24,7 +24,7 @@ from pathlib import Path
 
 from medload import windows as win
 from medload.config import IngestConfig
-from medload.errors import InputProblem
+from medload.errors import ConfigError, InputProblem
 from medload.ingest.deid import Pseudonymizer, load_key
 from medload.ingest.discover import DiscoveryProblem, SourceRef, discover
 from medload.ingest.geometry import Geometry, plan_geometry
@@ -61,6 +61,10 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     """
     cfg = config or IngestConfig()
     cfg = replace(cfg, windows=tuple(w.name for w in win.parse_list(",".join(cfg.windows))))
+    listed = [sources] if isinstance(sources, (str, Path)) else list(sources)
+    missing = [str(s) for s in listed if not Path(s).exists()]
+    if missing:
+        raise ConfigError(f"source not found: {', '.join(missing)} (give existing files, folders or archives)")
     started = time.perf_counter()
     key = load_key(key_file)
     pseudo = Pseudonymizer(key)
