@@ -145,3 +145,16 @@ def test_a_missing_source_is_an_error_before_anything_is_created(tmp_path):
     with pytest.raises(ConfigError, match="source not found"):
         ingest(tmp_path / "typo", tmp_path / "store")
     assert not (tmp_path / "store").exists()
+
+
+def test_index_sub_databases_point_to_the_series(philips):
+    from conftest import store_dump
+
+    _, store = philips
+    rec = store.series()[0]
+    entries = {(db, k, v) for db, k, v in store_dump(store) if db.startswith(b"idx_")}
+    key = rec.key_bytes
+    assert (b"idx_modality", b"CT", key) in entries
+    assert (b"idx_study", rec.study.encode(), key) in entries
+    assert (b"idx_patient", rec.patient.encode(), key) in entries
+    assert (b"idx_body_part", b"BRAIN", key) in entries
