@@ -250,3 +250,9 @@ def test_property_any_rotation_spacing_count_permutation(params) -> None:
     assert geom.spacing[2] == pytest.approx(spacing, rel=1e-9)
     assert geom.flags == []
     assert_affine_reproduces(geom, ordered)
+
+
+def test_a_gap_in_a_short_stack_is_named_as_a_gap():
+    """0, 2.5, 7.5 mm: the median step (3.75) fits nothing; the smallest step shows one missing slice."""
+    reason = reason_of(stack([0.0, 2.5, 7.5]))
+    assert "(gap): 1 slice(s) missing" in reason and "spacing is 2.500 mm" in reason

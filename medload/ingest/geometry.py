@@ -130,17 +130,16 @@ def _check_regular(positions: np.ndarray, n: np.ndarray, spacing: float, cfg: In
     along = depths - depths[0] - spacing * np.arange(len(depths))
     if np.max(np.abs(along)) <= tol:
         return
-    typical = float(np.median(gaps))
-    ratios = gaps / typical
-    multiples = np.round(ratios)
-    if np.all(np.abs(gaps - multiples * typical) <= tol) and np.any(multiples >= 2):
-        missing = int(np.sum(multiples - 1))
-        k = int(np.argmax(multiples))
-        raise InputProblem(
-            "geometry",
-            f"irregular spacing (gap): {missing} slice(s) missing; spacing is {typical:.3f} mm but "
-            f"{gaps[k]:.3f} mm between depths {depths[k]:.2f} and {depths[k + 1]:.2f} mm; policy: reject",
-        )
+    for typical in (float(np.median(gaps)), float(gaps.min())):  # the usual step, else the smallest
+        multiples = np.round(gaps / typical)
+        if np.all(multiples >= 1) and np.all(np.abs(gaps - multiples * typical) <= tol) and np.any(multiples >= 2):
+            missing = int(np.sum(multiples - 1))
+            k = int(np.argmax(multiples))
+            raise InputProblem(
+                "geometry",
+                f"irregular spacing (gap): {missing} slice(s) missing; spacing is {typical:.3f} mm but "
+                f"{gaps[k]:.3f} mm between depths {depths[k]:.2f} and {depths[k + 1]:.2f} mm; policy: reject",
+            )
     raise InputProblem(
         "geometry",
         f"irregular spacing: slice gaps range from {gaps.min():.3f} to {gaps.max():.3f} mm "
