@@ -18,6 +18,7 @@ from hypothesis.extra.numpy import arrays
 from medload.errors import ChecksumError, ConfigError, SeriesNotFoundError, StoreFormatError, StoreLockedError
 from medload.storage.codec import CODECS, decode_value, encode_value, get_codec
 from medload.storage.keys import series_key, slice_key, split_slice_key
+from medload.storage.manifest import file_digest
 from medload.storage.records import SeriesRecord
 from medload.storage.store import open_store
 from medload.storage.writer import StoreWriter
@@ -202,6 +203,9 @@ def test_shards_roll_over_and_series_never_span_shards(tmp_path, volumes):
     store = open_store(tmp_path / "s")
     assert len(store.manifest.shards) == 3
     assert sorted(r.shard for r in store.series()) == sorted(s.name for s in store.manifest.shards)
+    for entry in store.manifest.shards:  # what a hot copy is checked against
+        data = tmp_path / "s" / "shards" / f"{entry.name}.lmdb" / "data.mdb"
+        assert entry.bytes == data.stat().st_size and entry.digest == file_digest(data)
     for key, vol in volumes.items():
         assert np.array_equal(store.read(key), vol)
 

@@ -18,10 +18,12 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import xxhash
+
 from medload.errors import StoreFormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Manifest", "ShardEntry", "read_manifest", "write_manifest",
-           "manifest_path", "shard_path", "staging_path", "write_file_atomic", "fsync_dir"]
+           "manifest_path", "shard_path", "staging_path", "write_file_atomic", "fsync_dir", "file_digest"]
 
 FORMAT_NAME = "medload-store"
 FORMAT_VERSION = 1
@@ -29,11 +31,13 @@ FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class ShardEntry:
-    """One published shard: its directory name under ``shards/`` and what it holds."""
+    """One published shard: its directory name under ``shards/``, what it holds, and the xxh3-128 of
+    its ``data.mdb`` (published shards never change, so a copy can be checked against it)."""
 
     name: str
     series: int
     bytes: int
+    digest: str
 
 
 @dataclass
@@ -75,6 +79,15 @@ class Manifest:
             )
         except (KeyError, TypeError) as exc:
             raise StoreFormatError(f"{where} lacks or mangles field {exc}: the store manifest is damaged") from None
+
+
+def file_digest(path: Path, chunk: int = 8 << 20) -> str:
+    """Hex xxh3-128 of a file's bytes, read in chunks."""
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def manifest_path(root: Path) -> Path:

@@ -35,7 +35,7 @@ from medload import __version__
 from medload.errors import ConfigError, StoreError, StoreLockedError
 from medload.storage import shard as sh
 from medload.storage.keys import slice_key
-from medload.storage.manifest import (Manifest, ShardEntry, fsync_dir, read_manifest, shard_path,
+from medload.storage.manifest import (Manifest, ShardEntry, file_digest, fsync_dir, read_manifest, shard_path,
                                     staging_path, write_file_atomic, write_manifest)
 from medload.storage.records import RejectRecord, SeriesRecord
 
@@ -272,10 +272,10 @@ class StoreWriter:
         log.info("published shard %s", name)
 
     def _add_to_manifest(self, name: str, path: Path) -> None:
-        env = sh.reader_env(path)
-        n = _count_series(env)
-        size = sh.env_bytes(env)
-        self.manifest.shards.append(ShardEntry(name=name, series=n, bytes=size))
+        n = _count_series(sh.reader_env(path))
+        data = path / "data.mdb"
+        self.manifest.shards.append(ShardEntry(name=name, series=n, bytes=data.stat().st_size,
+                                               digest=file_digest(data)))
         write_manifest(self.root, self.manifest)
 
 
