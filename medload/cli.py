@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from medload.config import IngestConfig, parse_size
+from medload.config import MedloadConfig, load_config, parse_size, with_overrides
 from medload.errors import MedloadError
 from medload.storage.codec import CODECS, DEFAULT_CODEC
 
@@ -28,38 +29,49 @@ def _short(key: str) -> str:
     return key[:12]
 
 
+def _size(value: str | None) -> int | None:
+    return None if value is None else parse_size(value)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
-def cli(verbose: int) -> None:
+@click.option("--config", "config_file", type=click.Path(exists=True, path_type=Path), default=None,
+              help="TOML settings ([ingest], [cache]); command-line flags override them.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: int, config_file: Path | None) -> None:
     """medload: CT/DICOM archives to an LMDB slice store for PyTorch/MONAI training."""
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     logging.basicConfig(level=level, format="%(message)s", handlers=[RichHandler(console=_err, show_path=False)])
+    ctx.obj = load_config(config_file)
 
 
 @cli.command()
 @click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--workers", type=int, default=None, help="Decoding processes (default: all cores; 1: in-process).")
-@click.option("--windows", default="", help="Also store uint8 planes for these windows, e.g. lung,soft_tissue,350/50.")
-@click.option("--codec", type=click.Choice(sorted(CODECS)), default=DEFAULT_CODEC, show_default=True,
-              help="Slice codec of a new store.")
-@click.option("--tilt-policy", type=click.Choice(["reject", "shear"]), default="reject", show_default=True,
-              help="Gantry-tilted (sheared) stacks: reject, or keep with the sheared affine.")
-@click.option("--shard-size", default="4GB", show_default=True, help="Publish a shard past this size.")
+@click.option("--windows", default=None, help="Also store uint8 planes for these windows, e.g. lung,soft_tissue,350/50.")
+@click.option("--codec", type=click.Choice(sorted(CODECS)), default=None,
+              help=f"Slice codec of a new store (default {DEFAULT_CODEC}).")
+@click.option("--tilt-policy", type=click.Choice(["reject", "shear"]), default=None,
+              help="Gantry-tilted (sheared) stacks: reject (default), or keep with the sheared affine.")
+@click.option("--shard-size", default=None, help="Publish a shard past this size (default 4GB).")
 @click.option("--key-file", type=click.Path(path_type=Path), default=None,
               help="Pseudonymisation key (default $MEDLOAD_KEY_FILE or ~/.config/medload/pseudonym.key).")
-@click.option("--strict", is_flag=True, help="Exit 1 if any input was rejected.")
+@click.option("--strict", is_flag=True, default=None, help="Exit 1 if any input was rejected.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
-def ingest(sources: tuple[Path, ...], store: Path, workers: int | None, windows: str, codec: str, tilt_policy: str,
-           shard_size: str, key_file: Path | None, strict: bool, no_progress: bool) -> None:
+@click.pass_obj
+def ingest(config: MedloadConfig, sources: tuple[Path, ...], store: Path, workers: int | None, windows: str | None,
+           codec: str | None, tilt_policy: str | None, shard_size: str | None, key_file: Path | None,
+           strict: bool | None, no_progress: bool) -> None:
     """Ingest DICOM files, folders and zip/tar archives (SOURCES) into STORE."""
     from medload.ingest.run import ingest as run_ingest
 
-    cfg = IngestConfig(workers=workers, codec=codec, windows=tuple(w for w in windows.split(",") if w),
-                       tilt_policy=tilt_policy, shard_bytes=parse_size(shard_size), strict=strict)
+    cfg = with_overrides(config.ingest, workers=workers, codec=codec, tilt_policy=tilt_policy,
+                         windows=None if windows is None else tuple(w for w in windows.split(",") if w),
+                         shard_bytes=_size(shard_size), strict=strict or None)
     report = run_ingest(list(sources), store, config=cfg, key_file=key_file, progress=not no_progress)
     _print_ingest_summary(report)
-    sys.exit(report.exit_code(strict))
+    sys.exit(report.exit_code(cfg.strict))
 
 
 def _print_ingest_summary(report) -> None:
@@ -159,6 +171,107 @@ def rejects(store: Path, as_json: bool, include_skipped: bool) -> None:
     for r in records:
         table.add_row(r.status, r.stage, r.source, r.reason)
     _out.print(table)
+
+
+@cli.group()
+def cache() -> None:
+    """The hot-shard directory on local SSD (L2): copy shards there, see what it holds, empty it."""
+
+
+def _hot_config(config: MedloadConfig, hot_dir: Path | None, budget: str | None, max_rate: str | None):
+    cfg = with_overrides(config.cache, hot_dir=hot_dir, hot_budget=_size(budget), max_rate=_size(max_rate))
+    if cfg.hot_dir is None:
+        raise click.UsageError("give --hot-dir (or hot_dir in the [cache] table of --config)")
+    if cfg.hot_budget <= 0:
+        raise click.UsageError("give --budget, e.g. --budget 50GB (or hot_budget in [cache] of --config)")
+    return cfg
+
+
+_HOT_OPTIONS = [
+    click.option("--hot-dir", type=click.Path(path_type=Path), default=None, help="Local-SSD directory for shard copies."),
+    click.option("--budget", default=None, help="Bytes the hot directory may hold, e.g. 50GB."),
+]
+
+
+def _hot_options(fn):
+    for option in reversed(_HOT_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+@cache.command()
+@click.argument("store", type=click.Path(exists=True, path_type=Path))
+@_hot_options
+@click.option("--series", "series_keys", multiple=True, help="Only the shards of these series (key or prefix; repeat).")
+@click.option("--max-rate", default=None, help="Copy at most this many bytes/s, e.g. 200MB (spare a shared NFS).")
+@click.pass_obj
+def warm(config: MedloadConfig, store: Path, hot_dir: Path | None, budget: str | None, series_keys: tuple[str, ...],
+         max_rate: str | None) -> None:
+    """Copy the shards of STORE (or of some series) to the hot directory, verified, within the budget."""
+    from medload.cache.hot_shards import HotShards
+    from medload.progress import progress_bar
+    from medload.storage.manifest import shard_path
+    from medload.storage.store import open_store
+
+    cfg = _hot_config(config, hot_dir, budget, max_rate)
+    st = open_store(store)
+    wanted = {st.record(k).shard for k in series_keys} if series_keys else {s.name for s in st.manifest.shards}
+    entries = [s for s in st.manifest.shards if s.name in wanted]
+    total = sum(e.bytes for e in entries)
+    if total > cfg.hot_budget:
+        raise MedloadError(f"the {len(entries)} shard(s) asked for hold {total / 1e9:.2f} GB but the hot budget is "
+                           f"{cfg.hot_budget / 1e9:.2f} GB: raise --budget or warm fewer series (--series)")
+    hot = HotShards(cfg.hot_dir, cfg.hot_budget, max_rate=cfg.max_rate)
+    copied = elsewhere = 0
+    with progress_bar("copying shards", len(entries), enabled=sys.stderr.isatty()) as advance:
+        for entry in entries:
+            if hot.path_of(entry) is None:
+                if hot.fetch(shard_path(store, entry.name) / "data.mdb", entry) is None:
+                    elsewhere += 1
+                else:
+                    copied += 1
+            advance(1)
+    _out.print(f"{len(entries)} shard(s), {total / 1e6:.1f} MB: {copied} copied, {len(entries) - copied - elsewhere} "
+               f"already hot" + (f", {elsewhere} being copied by another process" if elsewhere else "")
+               + f"; {cfg.hot_dir} holds {hot.status().used / 1e6:.1f} of {cfg.hot_budget / 1e6:.1f} MB")
+
+
+@cache.command()
+@click.argument("store", required=False, type=click.Path(exists=True, path_type=Path))
+@_hot_options
+@click.pass_obj
+def status(config: MedloadConfig, store: Path | None, hot_dir: Path | None, budget: str | None) -> None:
+    """What the hot directory holds; with STORE, which of its shards are hot."""
+    from medload.cache.hot_shards import HotShards
+    from medload.storage.store import open_store
+
+    cfg = _hot_config(config, hot_dir, budget, None)
+    state = HotShards(cfg.hot_dir, cfg.hot_budget).status()
+    mine = {s.name for s in open_store(store).manifest.shards} if store else set()
+    table = Table(title=f"{state.hot_dir}: {state.used / 1e6:.1f} of {state.budget / 1e6:.1f} MB used")
+    for col in ("shard", "MB", "last used", *(["in STORE"] if store else [])):
+        table.add_column(col)
+    for e in state.entries:
+        row = [e.name, f"{e.bytes / 1e6:.1f}", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used))]
+        table.add_row(*row, *(["yes" if e.name in mine else ""] if store else []))
+    _out.print(table)
+    if state.partial:
+        _out.print(f"copies in progress: {', '.join(state.partial)}")
+    if store:
+        hot_names = {e.name for e in state.entries}
+        _out.print(f"{len(mine & hot_names)} of {len(mine)} shard(s) of {store} are hot")
+
+
+@cache.command()
+@_hot_options
+@click.pass_obj
+def clear(config: MedloadConfig, hot_dir: Path | None, budget: str | None) -> None:
+    """Remove every copy from the hot directory (copies in progress elsewhere are left alone)."""
+    from medload.cache.hot_shards import HotShards
+
+    cfg = _hot_config(config, hot_dir, budget or "1", None)
+    freed = HotShards(cfg.hot_dir, cfg.hot_budget).clear()
+    _out.print(f"freed {freed / 1e6:.1f} MB in {cfg.hot_dir}")
 
 
 def main() -> None:

@@ -1,14 +1,34 @@
-"""Typed settings, in one place, with the defaults the README documents."""
+"""Typed settings, in one place, with the defaults the README documents.
+
+Every setting can come from a TOML file (``--config FILE`` on the command line, :func:`load_config` in
+Python) and be overridden by command-line flags. A file has one table per section::
+
+    [ingest]
+    workers = 8
+    windows = ["lung", "soft_tissue"]
+
+    [cache]
+    l1 = "512MB"                      # in-process LRU of decoded slices, per process
+    hot_dir = "/local/ssd/medload"    # L2: verified copies of shards on local disk
+    hot_budget = "200GB"
+"""
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 
 from medload.errors import ConfigError
 
-__all__ = ["IngestConfig", "parse_size"]
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["IngestConfig", "CacheConfig", "MedloadConfig", "load_config", "with_overrides", "parse_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
@@ -70,3 +90,91 @@ class IngestConfig:
         if self.workers:
             return self.workers
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """How a :class:`~medload.Store` reads: L1 in-process LRU → L2 hot-shard copies → L3 the store.
+
+    Attributes:
+        l1_bytes: budget of decoded slices kept in this process (0 disables L1). Every process (each
+            DataLoader worker) has its own, shared by all its Stores, with the largest budget any of
+            them asked for.
+        hot_dir: local-SSD directory for verified shard copies (L2); ``None`` disables L2.
+        hot_budget: bytes the hot directory may hold; the least recently used copies are evicted.
+        fetch: ``"background"``: a shard read from the store is copied to the hot directory by a
+            background thread; ``"never"``: only ``medload cache warm`` fills it.
+        max_rate: bytes/s limit for copies (be kind to a shared NFS server); ``None``: no limit.
+        verify: check each value's xxh3 checksum when it is read (a damaged value then raises
+            :class:`~medload.errors.ChecksumError`, or falls back to the store for a hot copy).
+    """
+
+    l1_bytes: int = 256 * 10**6
+    hot_dir: Path | None = None
+    hot_budget: int = 0
+    fetch: str = "background"
+    max_rate: int | None = None
+    verify: bool = True
+
+    def __post_init__(self) -> None:
+        if self.l1_bytes < 0:
+            raise ConfigError(f"l1 budget must be >= 0, got {self.l1_bytes}")
+        if self.fetch not in ("background", "never"):
+            raise ConfigError(f"fetch {self.fetch!r}: use 'background' or 'never'")
+        if self.hot_dir is not None and self.hot_budget <= 0:
+            raise ConfigError("a hot directory needs a budget: set hot_budget (e.g. \"50GB\")")
+
+
+@dataclass(frozen=True)
+class MedloadConfig:
+    """All settings: one section per stage."""
+
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+
+
+#: TOML keys that differ from field names, and the converter of each value
+_CACHE_KEYS = {"l1": ("l1_bytes", parse_size), "hot_dir": ("hot_dir", Path), "hot_budget": ("hot_budget", parse_size),
+               "fetch": ("fetch", str), "max_rate": ("max_rate", parse_size), "verify": ("verify", bool)}
+_INGEST_KEYS = {"workers": ("workers", int), "codec": ("codec", str), "windows": ("windows", tuple),
+                "tilt_policy": ("tilt_policy", str), "shard_size": ("shard_bytes", parse_size),
+                "strict": ("strict", bool), "spacing_tolerance_mm": ("spacing_tolerance_mm", float),
+                "spacing_tolerance_rel": ("spacing_tolerance_rel", float),
+                "duplicate_tolerance_mm": ("duplicate_tolerance_mm", float)}
+
+
+def _section(table: dict, keys: dict, where: str) -> dict:
+    unknown = sorted(set(table) - set(keys))
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(keys))}")
+    out = {}
+    for key, value in table.items():
+        name, convert = keys[key]
+        try:
+            out[name] = convert(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {key} = {value!r} is not valid ({exc})") from None
+    return out
+
+
+def load_config(path: str | os.PathLike | None = None) -> MedloadConfig:
+    """Settings from a TOML file (sections ``[ingest]`` and ``[cache]``); defaults without a file."""
+    if path is None:
+        return MedloadConfig()
+    try:
+        doc = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    unknown = sorted(set(doc) - {"ingest", "cache"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}; use [ingest] and [cache]")
+    return MedloadConfig(
+        ingest=IngestConfig(**_section(doc.get("ingest", {}), _INGEST_KEYS, f"{path} [ingest]")),
+        cache=CacheConfig(**_section(doc.get("cache", {}), _CACHE_KEYS, f"{path} [cache]")),
+    )
+
+
+def with_overrides(config, **flags):
+    """``config`` with the flags that were given (not None) replacing its fields."""
+    names = {f.name for f in fields(config)}
+    return replace(config, **{k: v for k, v in flags.items() if v is not None and k in names})

@@ -47,11 +47,14 @@ def open_write_env(path: Path, map_size: int, *, sync: bool) -> lmdb.Environment
 
 
 def open_read_env(path: Path) -> lmdb.Environment:
-    """Open a published (immutable) shard for reading."""
-    if not (path / "data.mdb").is_file():
-        raise StoreError(f"shard {path} is listed in store.json but missing: the store is damaged; run `medload verify`")
+    """Open a published (immutable) shard for reading: a shard directory, or a single-file copy of
+    its ``data.mdb`` (as the hot-shard tier keeps them)."""
+    single_file = path.suffix == ".mdb"
+    data = path if single_file else path / "data.mdb"
+    if not data.is_file():
+        raise StoreError(f"shard {path} is missing: the store is damaged (run `medload verify`) or a copy vanished")
     return lmdb.open(
-        str(path), readonly=True, lock=False, readahead=False, max_dbs=_MAX_DBS, subdir=True, create=False,
+        str(path), readonly=True, lock=False, readahead=False, max_dbs=_MAX_DBS, subdir=not single_file, create=False,
     )
 
 

@@ -1,26 +1,33 @@
-"""Reading a store: series records, slab reads as one cursor range scan, quarantine records.
+"""Reading a store: series records, slab reads through the cache tiers, quarantine records.
+
+A slab read asks the in-process LRU (L1) for each slice, and reads each run of missing slices with
+one LMDB cursor range scan from the fastest file that holds the shard: its hot copy on local SSD (L2)
+or the store itself (L3), decoding straight into the output array.
 
 A :class:`Store` is safe to hand to DataLoader workers under ``fork`` and ``spawn``: it pickles to its
-path, and LMDB environments are opened lazily in the process that uses them, once per process for all
-Store objects (a pid check reopens them after a fork, following py-lmdb's rule that an environment is
-never used across ``fork``).
+path and cache settings, and LMDB environments are opened lazily in the process that uses them, once
+per process for all Store objects (a pid check reopens them after a fork, following py-lmdb's rule that
+an environment is never used across ``fork``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import lmdb
 import numpy as np
 
 from medload import windows
-from medload.errors import ConfigError, SeriesNotFoundError, StoreError
+from medload.cache.lru import shared_lru
+from medload.cache.tiered import ShardResolver
+from medload.config import CacheConfig, parse_size
+from medload.errors import ChecksumError, ConfigError, SeriesNotFoundError, StoreError, StoreFormatError
 from medload.storage import shard as sh
 from medload.storage.codec import decode_value, value_shape
 from medload.storage.keys import SERIES_KEY_BYTES, slice_key, split_slice_key
-from medload.storage.manifest import Manifest, read_manifest, shard_path
+from medload.storage.manifest import Manifest, ShardEntry, read_manifest, shard_path
 from medload.storage.records import RejectRecord, SeriesRecord
 
 __all__ = ["Store", "open_store"]
@@ -28,50 +35,69 @@ __all__ = ["Store", "open_store"]
 _NUMPY_DTYPES = {"int16": np.int16, "float32": np.float32, "uint8": np.uint8, "uint16": np.uint16}
 
 
-def open_store(path: str | os.PathLike) -> Store:
+def open_store(path: str | os.PathLike, cache: CacheConfig | str | int | None = None) -> Store:
     """Open the store at ``path`` for reading.
 
+    ``cache`` is a :class:`~medload.config.CacheConfig` (L1 budget, hot directory and its budget), or
+    just an L1 budget such as ``"512MB"``; by default a 256 MB L1 and no hot directory.
+
     Example:
-        >>> store = medload.open_store("stores/sample")        # doctest: +SKIP
-        >>> rec = store.series()[0]; vol = store.read(rec.key)  # (slices, rows, columns) HU int16
+        >>> store = medload.open_store("stores/sample", cache="512MB")  # doctest: +SKIP
+        >>> rec = store.series()[0]
+        >>> slab = store.read(rec.key, 10, 13)   # (3, rows, columns) HU int16, one range read
+        >>> store.stats()["l1"]["hits"]
+        0
     """
-    return Store(path)
+    return Store(path, cache)
+
+
+def _cache_config(cache: CacheConfig | str | int | None) -> CacheConfig:
+    if cache is None:
+        return CacheConfig()
+    if isinstance(cache, CacheConfig):
+        return cache
+    return CacheConfig(l1_bytes=parse_size(cache))
 
 
 class Store:
     """Read access to a medload store (see :func:`open_store`)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, cache: CacheConfig | str | int | None = None) -> None:
         self.path = Path(path)
+        self.cache = _cache_config(cache)
         self.manifest: Manifest = read_manifest(self.path)
+        self._entries = {s.name: s for s in self.manifest.shards}
         self._records: dict[bytes, SeriesRecord] | None = None
+        self._tiers = ShardResolver(self.path, self.cache)
 
-    # ---- pickling and fork safety -----------------------------------------------------------
+    # ---- pickling, refresh, close -----------------------------------------------------------
     def __getstate__(self) -> dict:
-        return {"path": self.path}
+        return {"path": self.path, "cache": self.cache}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"])
+        self.__init__(state["path"], state["cache"])
 
-    def _env(self, shard_name: str) -> lmdb.Environment:
-        return sh.reader_env(shard_path(self.path, shard_name))
+    def refresh(self) -> None:
+        """Re-read ``store.json`` to see shards published since the store was opened."""
+        self.manifest = read_manifest(self.path)
+        self._entries = {s.name: s for s in self.manifest.shards}
+        self._records = None
 
     def close(self) -> None:
         """Close this process's LMDB handles on the store's shards (other Store objects of the same
         store reopen them on their next read)."""
         sh.close_reader_envs([shard_path(self.path, s.name) for s in self.manifest.shards])
+        self._tiers.close()
 
-    def refresh(self) -> None:
-        """Re-read ``store.json`` to see shards published since the store was opened."""
-        self.manifest = read_manifest(self.path)
-        self._records = None
+    def _meta_env(self, shard_name: str) -> lmdb.Environment:
+        return sh.reader_env(shard_path(self.path, shard_name))
 
     # ---- records -----------------------------------------------------------------------------
     def _all_records(self) -> dict[bytes, SeriesRecord]:
         if self._records is None:
             records: dict[bytes, SeriesRecord] = {}
             for entry in self.manifest.shards:
-                env = self._env(entry.name)
+                env = self._meta_env(entry.name)
                 with env.begin(buffers=True) as txn:
                     dbs = sh.open_dbs(env, [sh.SERIES], create=False, txn=txn)
                     for k, v in txn.cursor(db=dbs[sh.SERIES]):
@@ -104,7 +130,7 @@ class Store:
         """Quarantine records: inputs that were rejected (and, by default, skipped), sorted by source."""
         out = []
         for entry in self.manifest.shards:
-            env = self._env(entry.name)
+            env = self._meta_env(entry.name)
             with env.begin(buffers=True) as txn:
                 dbs = sh.open_dbs(env, [sh.REJECTS], create=False, txn=txn)
                 if sh.REJECTS in dbs:
@@ -113,44 +139,108 @@ class Store:
             out = [r for r in out if r.status != "skipped"]
         return sorted(out, key=lambda r: (r.source, r.stage, r.reason))
 
+    def stats(self) -> dict[str, dict]:
+        """This process's reads per tier: ``l1`` (hits, misses, bytes held, budget, entries, evictions),
+        ``l2`` and ``l3`` (slices read, bytes of stored values, L2 misses and dropped damaged copies)."""
+        out = {"l1": asdict(shared_lru(self.cache.l1_bytes).stats()) if self.cache.l1_bytes else None}
+        out.update(self._tiers.stats())
+        return out
+
     # ---- slices ------------------------------------------------------------------------------
     def read(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, window: str | None = None,
-             verify: bool = True) -> np.ndarray:
+             verify: bool | None = None) -> np.ndarray:
         """Slices ``z0 <= z < z1`` of a series as one ``(z1 - z0, rows, columns)`` array.
 
         HU int16 for CT (float32 where the rescale is not integral), or uint8 planes of a window stored
-        at ingest (``window="lung"`` or ``"350/50"``). One LMDB cursor range scan; each value's checksum is verified
-        unless ``verify=False``.
+        at ingest (``window="lung"`` or ``"350/50"``). Each value's checksum is verified unless
+        ``verify=False`` (default: the cache settings' ``verify``).
         """
         rec = self.record(key)
+        name = None if window is None else windows.get(window).name  # "350/50" names its custom window
+        if name is None:
+            return self._read(rec, sh.SLICES, np.dtype(_NUMPY_DTYPES[rec.dtype]), z0, z1, verify)
+        if name not in rec.windows:
+            raise ConfigError(f"series {rec.key[:12]} has no stored {window!r} planes (it has {list(rec.windows) or 'none'})")
+        return self._read(rec, sh.window_db(name), np.dtype(np.uint8), z0, z1, verify)
+
+    def read_label(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, verify: bool | None = None) -> np.ndarray:
+        """The label map of slices ``z0 <= z < z1``, aligned voxel for voxel with :meth:`read`."""
+        rec = self.record(key)
+        if rec.label_dtype is None:
+            raise ConfigError(f"series {rec.key[:12]} has no labels: ingest them with `medload ingest ... --labels`")
+        return self._read(rec, sh.LABELS, np.dtype(rec.label_dtype), z0, z1, verify)
+
+    def _read(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None,
+              verify: bool | None) -> np.ndarray:
         depth = rec.shape[0]
         z1 = depth if z1 is None else z1
         if not 0 <= z0 < z1 <= depth:
             raise ConfigError(f"slices [{z0}, {z1}) are outside series {rec.key[:12]} of {depth} slices")
-        name = None if window is None else windows.get(window).name  # "350/50" names its custom window
-        if name is None:
-            db_name, dtype = sh.SLICES, _NUMPY_DTYPES[rec.dtype]
-        elif name in rec.windows:
-            db_name, dtype = sh.window_db(name), np.uint8
-        else:
-            raise ConfigError(f"series {rec.key[:12]} has no stored {window!r} planes (it has {list(rec.windows) or 'none'})")
+        verify = self.cache.verify if verify is None else verify
         out = np.empty((z1 - z0, rec.shape[1], rec.shape[2]), dtype=dtype)
-        key_bytes = rec.key_bytes
-        env = self._env(rec.shard)
-        with env.begin(buffers=True) as txn:
-            db = sh.open_dbs(env, [db_name], create=False, txn=txn)[db_name]
-            cursor = txn.cursor(db=db)
-            z = z0
-            if cursor.set_key(slice_key(key_bytes, z0)):
-                for k, v in cursor:
-                    if z == z1:
-                        break
-                    if split_slice_key(bytes(k)) != (key_bytes, z):
-                        break
-                    if value_shape(v) != out.shape[1:]:
-                        raise StoreError(f"slice {z} of series {rec.key[:12]} has shape {value_shape(v)}, record says {out.shape[1:]}")
-                    decode_value(v, verify=verify, out=out[z - z0])
-                    z += 1
-        if z != z1:
-            raise StoreError(f"series {rec.key[:12]} is missing slice {z} in shard {rec.shard}: the store is damaged; run `medload verify`")
+        entry = self._entries[rec.shard]
+        key = rec.key_bytes
+        lru = shared_lru(self.cache.l1_bytes) if self.cache.l1_bytes else None
+        missing = list(range(z0, z1))
+        if lru is not None:
+            missing = []
+            for z in range(z0, z1):
+                hit = lru.get((entry.digest, db, slice_key(key, z)))
+                if hit is None:
+                    missing.append(z)
+                else:
+                    out[z - z0] = hit
+        for a, b in _runs(missing):
+            self._scan(entry, db, key, a, b, out[a - z0 : b - z0], verify)
+            if lru is not None:
+                for z in range(a, b):
+                    lru.put((entry.digest, db, slice_key(key, z)), out[z - z0])
         return out
+
+    def _scan(self, entry: ShardEntry, db: bytes, key: bytes, z0: int, z1: int, out: np.ndarray, verify: bool) -> None:
+        env, tier = self._tiers.env(entry)
+        try:
+            nbytes = _range_scan(env, db, key, z0, z1, out, verify)
+        except (ChecksumError, StoreFormatError, StoreError, lmdb.Error) as exc:
+            if tier != "l2":
+                raise
+            self._tiers.damaged(entry, exc)
+            env, tier = self._tiers.env(entry)
+            nbytes = _range_scan(env, db, key, z0, z1, out, verify)
+        self._tiers.count(tier, z1 - z0, nbytes)
+
+
+def _runs(zs: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs ``[a, b)`` of a sorted list of slice indices."""
+    runs: list[tuple[int, int]] = []
+    for z in zs:
+        if runs and runs[-1][1] == z:
+            runs[-1] = (runs[-1][0], z + 1)
+        else:
+            runs.append((z, z + 1))
+    return runs
+
+
+def _range_scan(env: lmdb.Environment, db_name: bytes, key: bytes, z0: int, z1: int, out: np.ndarray,
+                verify: bool) -> int:
+    """Decode slices ``z0..z1-1`` of series ``key`` into ``out`` with one cursor range scan; returns
+    the bytes of stored values read."""
+    nbytes = 0
+    z = z0
+    with env.begin(buffers=True) as txn:
+        dbs = sh.open_dbs(env, [db_name], create=False, txn=txn)
+        if db_name not in dbs:
+            raise StoreError(f"sub-database {db_name.decode()} is missing: the store is damaged; run `medload verify`")
+        cursor = txn.cursor(db=dbs[db_name])
+        if cursor.set_key(slice_key(key, z0)):
+            for k, v in cursor:
+                if z == z1 or split_slice_key(bytes(k)) != (key, z):
+                    break
+                if value_shape(v) != out.shape[1:]:
+                    raise StoreError(f"slice {z} of series {key.hex()[:12]} has shape {value_shape(v)}, record says {out.shape[1:]}")
+                decode_value(v, verify=verify, out=out[z - z0])
+                nbytes += len(v)
+                z += 1
+    if z != z1:
+        raise StoreError(f"series {key.hex()[:12]} is missing slice {z}: the store is damaged; run `medload verify`")
+    return nbytes
