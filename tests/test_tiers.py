@@ -72,9 +72,10 @@ def test_a_shard_read_from_the_store_is_copied_in_the_background(store, tmp_path
     assert st.stats()["l2"]["hits"] == 10
 
 
-def test_a_damaged_hot_copy_is_dropped_and_the_store_answers(store, tmp_path):
+def test_a_damaged_hot_copy_is_dropped_the_store_answers_and_it_is_fetched_again(store, tmp_path, monkeypatch):
+    monkeypatch.setattr(tiered, "_RECHECK_SECONDS", 0.0)
     path, truth = store
-    st = open_store(path, _hot(tmp_path, fetch="never"))
+    st = open_store(path, _hot(tmp_path))
     _warm(st)
     rec = st.series()[0]
     env = reader_env(shard_path(path, rec.shard))
@@ -93,7 +94,12 @@ def test_a_damaged_hot_copy_is_dropped_and_the_store_answers(store, tmp_path):
     assert np.array_equal(st.read(rec.key), truth[rec.key])
     stats = st.stats()
     assert stats["l2"]["drops"] == 1 and stats["l3"]["hits"] == 10, stats
-    assert not copy.exists()
+    deadline = time.monotonic() + 20
+    while not (copy.exists() and copy.read_bytes() != bytes(data)):  # fetched again, from the store
+        assert time.monotonic() < deadline, "the damaged copy was not fetched again"
+        time.sleep(0.05)
+    assert np.array_equal(st.read(rec.key), truth[rec.key])
+    assert st.stats()["l2"]["hits"] == 10
 
 
 def test_deleting_the_hot_dir_under_a_reader_does_not_break_it(store, tmp_path):
