@@ -11,7 +11,9 @@ random (series, z) sequence in this one process, with the store's pages in the p
 - L3 read: ``Store.read`` with no L1 and no hot directory (cursor range scan, checksum, decode);
 - L3 read, verify=False: the same without checksums (their cost);
 - L2 hit: ``Store.read`` served from verified hot copies of the shards (no L1);
-- L1 hit: ``Store.read`` with every slice already in the in-process LRU.
+- L1 hit: ``Store.read`` with every slice already in the in-process LRU;
+- copy floor: three decoded slices, out of CPU cache, copied into a new array -- what any L1 hit that
+  returns a fresh array must cost.
 """
 
 from __future__ import annotations
@@ -107,8 +109,15 @@ def main() -> None:
         for entry in hot.manifest.shards:
             hot._tiers.hot.fetch(shard_path(path, entry.name) / "data.mdb", entry)
         l1 = open_store(path, CacheConfig(l1_bytes=2 << 30))
+        decoded = {}
         for rec in records:
-            l1.read(rec.key)
+            volume = l1.read(rec.key)
+            decoded.update({(rec.key, z): volume[z].copy() for z in range(rec.shape[0])})
+
+        def copy_floor(key: str, z: int) -> None:
+            out = np.empty(shape, dtype=np.int16)
+            for i in range(3):
+                out[i] = decoded[(key, z + i)]
         contenders = {
             "raw LMDB get+copy": lambda k, z: raw(k, z, False),
             "raw LMDB get+decode (limit)": lambda k, z: raw(k, z, True),
@@ -116,6 +125,7 @@ def main() -> None:
             "L3 read, verify=False": lambda k, z: l3.read(k, z, z + 3, verify=False),
             "L2 hit (hot copy)": lambda k, z: hot.read(k, z, z + 3),
             "L1 hit": lambda k, z: l1.read(k, z, z + 3),
+            "copy floor (3 decoded slices)": copy_floor,
         }
         rows = []
         for name, fn in contenders.items():
