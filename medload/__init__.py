@@ -16,5 +16,18 @@ from medload.errors import MedloadError  # noqa: E402
 from medload.storage.records import RejectRecord, SeriesRecord  # noqa: E402
 from medload.storage.store import Store, open_store  # noqa: E402
 
-__all__ = ["open_store", "Store", "IngestConfig", "SeriesRecord", "RejectRecord", "windows",
+_TRAINING = {"SliceDataset", "SlabDataset", "make_loader", "MedloadReader"}
+
+
+def __getattr__(name: str):
+    """The training names import torch and MONAI: load them on first use, so ``import medload`` (and
+    the command line) stays fast."""
+    if name in _TRAINING:
+        import medload.data
+
+        return getattr(medload.data, name)
+    raise AttributeError(f"module 'medload' has no attribute {name!r}")
+
+
+__all__ = ["open_store", "Store", "SliceDataset", "SlabDataset", "make_loader", "MedloadReader", "IngestConfig", "SeriesRecord", "RejectRecord", "windows",
            "MedloadError", "__version__"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from medload.errors import ConfigError
 
-__all__ = ["Window", "PRESETS", "get", "parse_list", "to_uint8"]
+__all__ = ["Window", "PRESETS", "get", "parse_list", "to_uint8", "scale_intensity"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +82,16 @@ def to_uint8(hu: np.ndarray, window: Window) -> np.ndarray:
     lo, hi = window.bounds
     scaled = (np.clip(hu.astype(np.float32), lo, hi) - np.float32(lo)) * np.float32(255.0 / (hi - lo))
     return np.rint(scaled).astype(np.uint8)
+
+
+def scale_intensity(window: str | Window, keys: str | tuple[str, ...] = "image"):
+    """The window as a ready MONAI ``ScaleIntensityRanged`` (HU in the window -> 0..1, clipped).
+
+    Example:
+        >>> scale_intensity("lung").a_min, scale_intensity("lung").a_max   # doctest: +SKIP
+        (-1350.0, 150.0)
+    """
+    from monai.transforms import ScaleIntensityRanged
+
+    lo, hi = get(window).bounds
+    return ScaleIntensityRanged(keys=keys, a_min=lo, a_max=hi, b_min=0.0, b_max=1.0, clip=True)

@@ -139,6 +139,34 @@ class Store:
             out = [r for r in out if r.status != "skipped"]
         return sorted(out, key=lambda r: (r.source, r.stage, r.reason))
 
+    def items(self, *, context: int | None = None, depth: int | None = None, stride: int | None = None,
+              plane: str | None = None, labels: bool = False) -> list[dict[str, str]]:
+        """``medload:`` URIs of every 2.5D stack (``context=k``) or 3D slab (``depth=D``, every
+        ``stride`` slices), as ``{"image": uri}`` (and ``"label"`` with ``labels=True``) for MONAI's
+        ``LoadImaged(keys=..., reader=MedloadReader())``.
+
+        Example:
+            >>> items = store.items(context=1, labels=True)   # doctest: +SKIP
+            >>> LoadImaged(keys=["image", "label"], reader=MedloadReader())(items[0])["image"].shape
+            torch.Size([512, 512, 3])
+        """
+        from medload.data.index import slab_index, slice_index  # (the data package imports this module)
+        from medload.storage.uri import item_uri
+
+        if (context is None) == (depth is None):
+            raise ConfigError("give either context=k (2.5D stacks) or depth=D (3D slabs)")
+        records = self.series()
+        index = slice_index(records) if context is not None else slab_index(records, depth, stride or depth)
+        out = []
+        for s, z in zip(index.series.tolist(), index.z.tolist()):
+            key = index.keys[s]
+            span = {"context": context} if context is not None else {"z1": z + depth}
+            item = {"image": item_uri(self.path, key, z, plane=plane, **span)}
+            if labels:
+                item["label"] = item_uri(self.path, key, z, label=True, **span)
+            out.append(item)
+        return out
+
     def stats(self) -> dict[str, dict]:
         """This process's reads per tier: ``l1`` (hits, misses, bytes held, budget, entries, evictions),
         ``l2`` and ``l3`` (slices read, bytes of stored values, L2 misses and dropped damaged copies)."""
@@ -148,36 +176,49 @@ class Store:
 
     # ---- slices ------------------------------------------------------------------------------
     def read(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, window: str | None = None,
-             verify: bool | None = None) -> np.ndarray:
+             verify: bool | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """Slices ``z0 <= z < z1`` of a series as one ``(z1 - z0, rows, columns)`` array.
 
         HU int16 for CT (float32 where the rescale is not integral), or uint8 planes of a window stored
         at ingest (``window="lung"`` or ``"350/50"``). Each value's checksum is verified unless
-        ``verify=False`` (default: the cache settings' ``verify``).
+        ``verify=False`` (default: the cache settings' ``verify``). ``out``, a C-contiguous array of the
+        right shape and dtype (e.g. a slot of a batch buffer), is filled and returned instead of a new one.
         """
         rec = self.record(key)
+        return self._read(rec, *self._plane(rec, window), z0, z1, verify, out)
+
+    def plane_dtype(self, key: str | bytes, window: str | None = None) -> np.dtype:
+        """The dtype :meth:`read` returns for this series (and window)."""
+        return self._plane(self.record(key), window)[1]
+
+    def _plane(self, rec: SeriesRecord, window: str | None) -> tuple[bytes, np.dtype]:
         name = None if window is None else windows.get(window).name  # "350/50" names its custom window
         if name is None:
-            return self._read(rec, sh.SLICES, np.dtype(_NUMPY_DTYPES[rec.dtype]), z0, z1, verify)
+            return sh.SLICES, np.dtype(_NUMPY_DTYPES[rec.dtype])
         if name not in rec.windows:
             raise ConfigError(f"series {rec.key[:12]} has no stored {window!r} planes (it has {list(rec.windows) or 'none'})")
-        return self._read(rec, sh.window_db(name), np.dtype(np.uint8), z0, z1, verify)
+        return sh.window_db(name), np.dtype(np.uint8)
 
-    def read_label(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, verify: bool | None = None) -> np.ndarray:
+    def read_label(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, verify: bool | None = None,
+                   out: np.ndarray | None = None) -> np.ndarray:
         """The label map of slices ``z0 <= z < z1``, aligned voxel for voxel with :meth:`read`."""
         rec = self.record(key)
         if rec.label_dtype is None:
             raise ConfigError(f"series {rec.key[:12]} has no labels: ingest them with `medload ingest ... --labels`")
-        return self._read(rec, sh.LABELS, np.dtype(rec.label_dtype), z0, z1, verify)
+        return self._read(rec, sh.LABELS, np.dtype(rec.label_dtype), z0, z1, verify, out)
 
     def _read(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None,
-              verify: bool | None) -> np.ndarray:
+              verify: bool | None, out: np.ndarray | None = None) -> np.ndarray:
         depth = rec.shape[0]
         z1 = depth if z1 is None else z1
         if not 0 <= z0 < z1 <= depth:
             raise ConfigError(f"slices [{z0}, {z1}) are outside series {rec.key[:12]} of {depth} slices")
         verify = self.cache.verify if verify is None else verify
-        out = np.empty((z1 - z0, rec.shape[1], rec.shape[2]), dtype=dtype)
+        shape = (z1 - z0, rec.shape[1], rec.shape[2])
+        if out is None:
+            out = np.empty(shape, dtype=dtype)
+        elif out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+            raise ConfigError(f"out has shape {out.shape} {out.dtype}; reading needs a C-contiguous {shape} {dtype} array")
         entry = self._entries[rec.shard]
         key = rec.key_bytes
         lru = shared_lru(self.cache.l1_bytes) if self.cache.l1_bytes else None

@@ -1,0 +1,175 @@
+"""Training datasets over a store: 2.5D slice stacks and 3D slabs.
+
+Items follow the store's axes: a 2.5D item is ``(2k+1, rows, columns)`` -- slice z and k neighbours
+on each side as channels -- and a 3D item ``(1, slices, rows, columns)``. Each item's affine (a MONAI
+MetaTensor in :meth:`__getitem__`, or :meth:`item_affine`) maps *its own* array indices to RAS mm, so
+a prediction can be put back where it belongs; it is the series affine (which is indexed
+``(column, row, slice)``, like the NIfTI export) with its axes permuted and its origin moved.
+
+Edge policy (2.5D): near the first and last slice, missing neighbours *replicate* the edge slice, so
+every slice of a series is a sample and the stack always has 2k+1 channels.
+
+``__getitems__`` (which torch's DataLoader calls with a whole batch of indices) reads a batch
+straight into one int16 (or uint8) array: one array per batch crosses from a worker to the trainer,
+and windowing to float happens on the training device (see :mod:`medload.data.loader`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from medload import windows as win
+from medload.data.index import SampleIndex, select_series, slab_index, slice_index
+from medload.errors import ConfigError
+from medload.storage.records import SeriesRecord
+from medload.storage.store import Store
+
+__all__ = ["SliceDataset", "SlabDataset"]
+
+
+class _StoreDataset(torch.utils.data.Dataset):
+    """What 2.5D and 3D datasets share: the store, the sample index, planes and labels."""
+
+    def __init__(self, store: Store, records: list[SeriesRecord], index: SampleIndex, *, plane: str | None,
+                 labels: bool | None) -> None:
+        if not records:
+            raise ConfigError(f"no series of {store.path} match the dataset's filters: check them with `medload ls`")
+        have_labels = [r.label_dtype is not None for r in records]
+        if labels is True and not all(have_labels):
+            raise ConfigError(f"{have_labels.count(False)} of {len(records)} series have no labels; "
+                              "filter them out (keys=...) or ingest their labels")
+        self.store = store
+        self.index = index
+        self.plane = None if plane is None else win.get(plane).name
+        self.labels = all(have_labels) if labels is None else labels
+        by_key = {r.key: r for r in records}
+        self._records = [by_key[k] for k in index.keys]
+        self._affines = np.stack([np.asarray(r.affine, dtype=np.float64) for r in self._records])
+        self._hw = np.array([r.shape[1:] for r in self._records], dtype=np.int32)
+        self.dtype = store.plane_dtype(records[0].key, self.plane)
+        self.label_dtype = np.dtype(records[0].label_dtype) if self.labels else None
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _sample(self, i: int) -> tuple[SeriesRecord, int]:
+        return self._records[int(self.index.series[i])], int(self.index.z[i])
+
+    def _batch_hw(self, indices: Sequence[int]) -> tuple[int, int]:
+        hw = self._hw[self.index.series[np.asarray(indices)]]
+        if (hw != hw[0]).any():
+            sizes = sorted({tuple(x) for x in hw.tolist()})
+            raise ConfigError(f"a batch mixes matrix sizes {sizes}: filter the dataset to one size "
+                              "(or use batch size 1)")
+        return int(hw[0, 0]), int(hw[0, 1])
+
+    def __getitem__(self, i: int) -> dict:
+        from monai.data import MetaTensor
+
+        batch = self.__getitems__([i])
+        out = {"image": MetaTensor(torch.from_numpy(batch["image"][0]), affine=torch.from_numpy(self.item_affine(i))),
+               "key": self._sample(i)[0].key, "z": self._sample(i)[1]}
+        if self.labels:
+            out["label"] = MetaTensor(torch.from_numpy(batch["label"][0]), affine=torch.from_numpy(self.item_affine(i)))
+        return out
+
+
+class SliceDataset(_StoreDataset):
+    """2.5D samples: slice z with ``context`` neighbours on each side as channels, ``(2k+1, H, W)``.
+
+    Args:
+        store: an open :class:`~medload.Store`.
+        context: k, neighbours on each side (0: single slices).
+        plane: read a pre-windowed uint8 plane stored at ingest (``"lung"``) instead of HU.
+        labels: include the centre slice's label map ``(1, H, W)``; None: when every series has one.
+        modality, kernel, thickness, keys: filters on the series (see :func:`select_series`).
+
+    Example:
+        >>> ds = SliceDataset(medload.open_store("stores/sample"), context=1)   # doctest: +SKIP
+        >>> ds[10]["image"].shape
+        torch.Size([3, 512, 512])
+    """
+
+    def __init__(self, store: Store, context: int = 1, *, plane: str | None = None, labels: bool | None = None,
+                 modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
+                 thickness: tuple[float, float] | None = None, keys: Sequence[str] | None = None) -> None:
+        if context < 0:
+            raise ConfigError(f"context must be >= 0 neighbours, got {context}")
+        records = select_series(store.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
+        super().__init__(store, records, slice_index(records), plane=plane, labels=labels)
+        self.context = context
+
+    @property
+    def channels(self) -> int:
+        return 2 * self.context + 1
+
+    def item_affine(self, i: int) -> np.ndarray:
+        """Maps (channel, row, column) of item ``i`` to RAS mm (channel c is slice z - k + c)."""
+        rec, z = self._sample(i)
+        a = self._affines[self.index.series[i]]
+        out = np.eye(4)
+        out[:, 0], out[:, 1], out[:, 2] = a[:, 1], a[:, 0], a[:, 2]  # rows, columns, slices
+        out[:3, 3] = (a @ np.array([0.0, 0.0, z, 1.0]))[:3]
+        return out
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        h, w = self._batch_hw(indices)
+        k = self.context
+        image = np.empty((len(indices), 2 * k + 1, h, w), dtype=self.dtype)
+        label = np.empty((len(indices), 1, h, w), dtype=self.label_dtype) if self.labels else None
+        for b, i in enumerate(indices):
+            rec, z = self._sample(i)
+            a, e = max(z - k, 0), min(z + k + 1, rec.shape[0])
+            lo = a - (z - k)
+            self.store.read(rec.key, a, e, window=self.plane, out=image[b, lo : lo + e - a])
+            image[b, :lo] = image[b, lo]                        # replicate the first slice
+            image[b, lo + e - a :] = image[b, lo + e - a - 1]   # replicate the last slice
+            if label is not None:
+                self.store.read_label(rec.key, z, z + 1, out=label[b])
+        out = {"image": image, "index": np.asarray(indices, dtype=np.int64)}
+        if label is not None:
+            out["label"] = label
+        return out
+
+
+class SlabDataset(_StoreDataset):
+    """3D samples: ``depth`` consecutive slices every ``stride`` slices, ``(1, D, H, W)``.
+
+    The last slab of each series ends at its last slice (it may overlap the previous one); series
+    thinner than ``depth`` give no samples. Arguments as :class:`SliceDataset`.
+    """
+
+    def __init__(self, store: Store, depth: int, stride: int | None = None, *, plane: str | None = None,
+                 labels: bool | None = None, modality: str | Sequence[str] | None = None,
+                 kernel: str | Sequence[str] | None = None, thickness: tuple[float, float] | None = None,
+                 keys: Sequence[str] | None = None) -> None:
+        records = select_series(store.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
+        records = [r for r in records if r.shape[0] >= depth]
+        super().__init__(store, records, slab_index(records, depth, stride or depth), plane=plane, labels=labels)
+        self.depth = depth
+
+    def item_affine(self, i: int) -> np.ndarray:
+        """Maps (slice, row, column) of item ``i`` (its first slice is z) to RAS mm."""
+        _, z = self._sample(i)
+        a = self._affines[self.index.series[i]]
+        out = np.eye(4)
+        out[:, 0], out[:, 1], out[:, 2] = a[:, 2], a[:, 1], a[:, 0]  # slices, rows, columns
+        out[:3, 3] = (a @ np.array([0.0, 0.0, z, 1.0]))[:3]
+        return out
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        h, w = self._batch_hw(indices)
+        image = np.empty((len(indices), 1, self.depth, h, w), dtype=self.dtype)
+        label = np.empty((len(indices), 1, self.depth, h, w), dtype=self.label_dtype) if self.labels else None
+        for b, i in enumerate(indices):
+            rec, z = self._sample(i)
+            self.store.read(rec.key, z, z + self.depth, window=self.plane, out=image[b, 0])
+            if label is not None:
+                self.store.read_label(rec.key, z, z + self.depth, out=label[b, 0])
+        out = {"image": image, "index": np.asarray(indices, dtype=np.int64)}
+        if label is not None:
+            out["label"] = label
+        return out

@@ -1,0 +1,201 @@
+"""2.5D/3D datasets, the MONAI reader and the fast loader, against the store and the ground truth."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pydicom
+import pytest
+import torch
+from monai.transforms import EnsureChannelFirstd, LoadImaged
+
+from medload import windows as win
+from medload.config import IngestConfig
+from medload.data import MedloadReader, SlabDataset, SliceDataset, make_loader
+from medload.errors import ConfigError
+from medload.ingest import ingest
+from medload.storage.nifti import export_nifti
+from medload.storage.store import open_store
+from medload.synthetic import SeriesSpec, make_series
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Three series: two 20x24 axial (1 mm and 3 mm, kernels STANDARD and BONE) and one oblique
+    16x16; ingested with a stored lung plane. Returns (store path, {key: GeneratedSeries})."""
+    root = tmp_path_factory.mktemp("data")
+    gens = [
+        make_series(root / "src", SeriesSpec(n_slices=9, rows=20, cols=24, slice_spacing=1.0), seed=1, series_number=1),
+        make_series(root / "src", SeriesSpec(n_slices=6, rows=20, cols=24, slice_spacing=3.0), seed=2, series_number=2),
+        make_series(root / "src", SeriesSpec(n_slices=5, rows=16, cols=16, orientation="oblique"), seed=3,
+                    series_number=3),
+    ]
+    for path in gens[1].paths:
+        ds = pydicom.dcmread(path)
+        ds.ConvolutionKernel = "BONE"
+        ds.save_as(path)
+    ingest(root / "src", root / "store", config=IngestConfig(workers=1, windows=("lung",)))
+    store = open_store(root / "store")
+    by_key = {}
+    for rec in store.series():
+        (gen,) = [g for g in gens if g.hu.shape == rec.shape and np.allclose(rec.affine, g.affine_ras, atol=1e-4)]
+        by_key[rec.key] = gen
+    return root / "store", by_key
+
+
+def _keys_of(by_key, slices: int) -> list[str]:
+    return [k for k, g in by_key.items() if g.hu.shape[0] == slices]
+
+
+def test_slice_items_replicate_edges_and_carry_their_affine(built):
+    path, by_key = built
+    key = _keys_of(by_key, 9)[0]
+    hu = by_key[key].hu
+    ds = SliceDataset(open_store(path), context=2, keys=[key])
+    assert len(ds) == 9
+    for i in range(len(ds)):
+        item = ds[i]
+        z = item["z"]
+        expected = hu[np.clip(np.arange(z - 2, z + 3), 0, 8)]
+        assert item["image"].shape == (5, 20, 24) and item["image"].dtype == torch.int16
+        assert np.array_equal(item["image"].numpy(), expected)
+        # the item affine maps (channel, row, column) where the series affine maps (column, row, slice)
+        series_affine = np.asarray(by_key[key].affine_ras)
+        for ch, r, c in ((2, 0, 0), (0, 3, 5), (4, 19, 23)):
+            got = item["image"].affine.numpy() @ np.array([r, c, ch - 2, 1.0])
+            assert np.allclose(got, series_affine @ np.array([c, r, z + ch - 2, 1.0]), atol=1e-6)
+
+
+def test_slab_items_cover_every_slice_and_carry_their_affine(built):
+    path, by_key = built
+    key = _keys_of(by_key, 9)[0]
+    ds = SlabDataset(open_store(path), depth=4, stride=3, keys=[key])
+    starts = [ds[i]["z"] for i in range(len(ds))]
+    assert starts == [0, 3, 5]  # the last slab ends at the last slice
+    for i, z in enumerate(starts):
+        item = ds[i]
+        assert item["image"].shape == (1, 4, 20, 24)
+        assert np.array_equal(item["image"][0].numpy(), by_key[key].hu[z : z + 4])
+        got = item["image"].affine.numpy() @ np.array([1, 2, 3, 1.0])  # (slice, row, column)
+        assert np.allclose(got, np.asarray(by_key[key].affine_ras) @ np.array([3, 2, z + 1, 1.0]), atol=1e-6)
+    assert len(SlabDataset(open_store(path), depth=7)) == 2 + 0  # only the 9-slice series is thick enough
+
+
+def test_filters_select_series(built):
+    path, by_key = built
+    store = open_store(path)
+    assert len(SliceDataset(store, kernel="BONE")) == 6
+    assert len(SliceDataset(store, thickness=(0.5, 1.5))) == 9
+    assert len(SliceDataset(store, thickness=(2.0, 3.0))) == 6 + 5  # 3 mm and the oblique 2.5 mm
+    assert len(SliceDataset(store, modality="CT")) == 20
+    with pytest.raises(ConfigError, match="no series"):
+        SliceDataset(store, modality="MR")
+
+
+def test_batches_equal_items_and_mixed_sizes_are_refused(built):
+    path, by_key = built
+    ds = SliceDataset(open_store(path), context=1, keys=_keys_of(by_key, 9) + _keys_of(by_key, 6))
+    batch = ds.__getitems__([0, 4, 10, 14])
+    assert batch["image"].shape == (4, 3, 20, 24)
+    for b, i in enumerate([0, 4, 10, 14]):
+        assert np.array_equal(batch["image"][b], ds[i]["image"].numpy())
+    mixed = SliceDataset(open_store(path), context=1)
+    sizes = {tuple(mixed[i]["image"].shape[1:]) for i in range(len(mixed))}
+    assert sizes == {(20, 24), (16, 16)}
+    with pytest.raises(ConfigError, match="mixes matrix sizes"):
+        mixed.__getitems__(list(range(len(mixed))))
+
+
+def test_stored_planes_are_read_instead_of_hu(built):
+    path, by_key = built
+    key = _keys_of(by_key, 6)[0]
+    ds = SliceDataset(open_store(path), context=0, plane="lung", keys=[key])
+    assert ds[3]["image"].dtype == torch.uint8
+    assert np.array_equal(ds[3]["image"][0].numpy(), win.to_uint8(by_key[key].hu[3], win.get("lung")))
+
+
+def test_loadimaged_with_medload_reader_equals_store_read_and_export(built, tmp_path):
+    path, by_key = built
+    store = open_store(path)
+    load = LoadImaged(keys=["image"], reader=MedloadReader())
+    for rec in store.series():
+        (item,) = [it for it in store.items(depth=rec.shape[0]) if rec.key in it["image"]]
+        loaded = load(item)["image"]
+        assert np.array_equal(loaded.numpy(), store.read(rec.key).transpose(2, 1, 0))
+        nifti = export_nifti(store, rec.key, tmp_path / f"{rec.key}.nii.gz")
+        reference = LoadImaged(keys=["image"], reader="NibabelReader")({"image": str(nifti)})["image"]
+        assert np.array_equal(loaded.numpy(), reference.numpy())
+        assert np.allclose(loaded.affine.numpy(), reference.affine.numpy(), atol=1e-4)
+    # a slab further down the series: the affine moves to its first slice
+    key = _keys_of(by_key, 9)[0]
+    (slab,) = [it for it in store.items(depth=4, stride=3) if key in it["image"] and "z0=3&" in it["image"]]
+    loaded = load(slab)["image"]
+    assert np.allclose(loaded.affine.numpy() @ [0, 0, 0, 1], np.asarray(by_key[key].affine_ras) @ [0, 0, 3, 1])
+
+
+def test_2p5d_items_through_monai_are_the_dataset_items_transposed(built):
+    path, by_key = built
+    store = open_store(path)
+    key = _keys_of(by_key, 9)[0]
+    pipeline = [LoadImaged(keys=["image"], reader=MedloadReader()), EnsureChannelFirstd(keys=["image"])]
+    dataset = SliceDataset(store, context=1, keys=[key])
+    items = [it for it in store.items(context=1) if key in it["image"]]
+    for i, item in enumerate(items):
+        for t in pipeline:
+            item = t(item)
+        assert item["image"].shape == (3, 24, 20)
+        assert np.array_equal(item["image"].numpy(), dataset[i]["image"].numpy().transpose(0, 2, 1))
+
+
+@pytest.mark.parametrize("workers,method", [(0, None), (2, "fork"), (2, "spawn")])
+def test_loader_yields_windowed_float_batches(built, workers, method):
+    path, by_key = built
+    key = _keys_of(by_key, 9)[0]
+    ds = SliceDataset(open_store(path, "4MB"), context=1, keys=[key])
+    loader = make_loader(ds, batch_size=4, num_workers=workers, window="soft_tissue", shuffle=False,
+                         multiprocessing_context=None if method is None else mp.get_context(method))
+    batches = list(loader)
+    assert [b["image"].shape[0] for b in batches] == [4, 4, 1]
+    image = torch.cat([b["image"] for b in batches]).numpy()
+    order = np.concatenate([b["index"].numpy() for b in batches])
+    hu = np.stack([ds[i]["image"].numpy() for i in order]).astype(np.float32)
+    assert image.dtype == np.float32
+    assert np.allclose(image, np.clip((hu + 160) / 400, 0, 1), atol=1e-6)
+
+
+def test_loader_scales_stored_planes_and_refuses_a_second_window(built):
+    path, by_key = built
+    ds = SliceDataset(open_store(path), context=0, plane="lung", keys=_keys_of(by_key, 6))
+    batch = next(iter(make_loader(ds, batch_size=6, shuffle=False)))
+    assert np.allclose(batch["image"].numpy(), np.stack([ds[i]["image"].numpy() for i in range(6)]) / 255.0)
+    with pytest.raises(ConfigError, match="already windowed"):
+        make_loader(ds, batch_size=2, window="lung")
+
+
+class _MemoryReportingDataset(SliceDataset):
+    """Adds each worker's resident set size to the batch (test instrumentation)."""
+
+    def __getitems__(self, indices):
+        batch = super().__getitems__(indices)
+        with open("/proc/self/statm") as f:
+            batch["rss"] = np.array([int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"), os.getpid()])
+        return batch
+
+
+def test_worker_memory_stays_flat_over_epochs(built):
+    path, by_key = built
+    ds = _MemoryReportingDataset(open_store(path, "1MB"), context=1, keys=_keys_of(by_key, 9) + _keys_of(by_key, 6))
+    loader = make_loader(ds, batch_size=2, num_workers=2, window="brain", multiprocessing_context=mp.get_context("fork"))
+    per_epoch = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        rss = {}
+        for batch in loader:
+            size, pid = batch["rss"].tolist()
+            rss[pid] = max(rss.get(pid, 0), size)
+        per_epoch.append(rss)
+    assert len(per_epoch[0]) == 2 and per_epoch[0].keys() == per_epoch[2].keys()  # persistent workers
+    for pid in per_epoch[0]:
+        assert per_epoch[2][pid] - per_epoch[0][pid] < 16 << 20, per_epoch  # generous: no growth per epoch
