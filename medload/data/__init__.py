@@ -1,7 +1,12 @@
 """Training data: 2.5D and 3D datasets over a store, the fast loader, samplers, augmentation, MONAI reader."""
 
+from medload.data.augment import AugmentConfig, BatchAugment
 from medload.data.datasets import SlabDataset, SliceDataset
 from medload.data.loader import DeviceLoader, make_loader
 from medload.data.monai_reader import MedloadReader
+from medload.data.samplers import (DistributedPatientSampler, ForegroundSampler, SeriesGroupedSampler,
+                                   UniformSampler, partition_by_patient)
 
-__all__ = ["SliceDataset", "SlabDataset", "make_loader", "DeviceLoader", "MedloadReader"]
+__all__ = ["SliceDataset", "SlabDataset", "make_loader", "DeviceLoader", "MedloadReader", "AugmentConfig",
+           "BatchAugment", "UniformSampler", "ForegroundSampler", "SeriesGroupedSampler", "DistributedPatientSampler",
+           "partition_by_patient"]

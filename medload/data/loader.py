@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from medload import windows as win
+from medload.allocator import keep_large_buffers_in_heap
 from medload.errors import ConfigError
 
 __all__ = ["make_loader", "DeviceLoader", "collate_batch"]
@@ -69,6 +70,10 @@ class DeviceLoader:
         return image
 
 
+def _init_worker(worker_id: int) -> None:
+    keep_large_buffers_in_heap()  # each worker builds one batch array after another
+
+
 def make_loader(dataset, batch_size: int, num_workers: int = 0, device: str | torch.device = "cpu", *,
                 window: str | win.Window | None = None, shuffle: bool = True, sampler=None, drop_last: bool = False,
                 seed: int = 0, augment=None, dtype: torch.dtype = torch.float32, prefetch_factor: int | None = None,
@@ -90,6 +95,7 @@ def make_loader(dataset, batch_size: int, num_workers: int = 0, device: str | to
         (torch.Size([8, 3, 512, 512]), torch.float32)
     """
     device = torch.device(device)
+    keep_large_buffers_in_heap()  # batches on the CPU: reuse their memory instead of faulting it in anew
     plane = getattr(dataset, "plane", None)
     if plane is not None and window is not None:
         raise ConfigError(f"the dataset reads stored {plane!r} planes (already windowed): drop window={window!r}")
@@ -102,6 +108,6 @@ def make_loader(dataset, batch_size: int, num_workers: int = 0, device: str | to
         collate_fn=collate_batch, pin_memory=device.type == "cuda",
         prefetch_factor=prefetch_factor if num_workers else None,
         persistent_workers=(num_workers > 0) if persistent_workers is None else persistent_workers,
-        multiprocessing_context=multiprocessing_context,
+        multiprocessing_context=multiprocessing_context, worker_init_fn=_init_worker,
     )
     return DeviceLoader(loader, device, None if window is None else win.get(window), plane is not None, dtype, augment)

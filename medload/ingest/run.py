@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from medload import windows as win
+from medload.allocator import keep_large_buffers_in_heap
 from medload.config import IngestConfig
 from medload.errors import ConfigError, InputProblem
 from medload.ingest.deid import Pseudonymizer, load_key
@@ -32,8 +33,7 @@ from medload.ingest.headers import SliceHeader
 from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.ring import SliceRing
 from medload.ingest.series import SeriesCandidate, group_series
-from medload.ingest.worker import (DecodeChunk, EncodedSlice, Failure, decode_chunk, header_batch, init_worker,
-                                   keep_slice_buffers_in_heap)
+from medload.ingest.worker import DecodeChunk, EncodedSlice, Failure, decode_chunk, header_batch, init_worker
 from medload.progress import progress_bar
 from medload.storage.digest import series_digest
 from medload.storage.records import RejectRecord, SeriesRecord
@@ -69,7 +69,7 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     key = load_key(key_file)
     pseudo = Pseudonymizer(key)
     report = IngestReport(store=str(store))
-    keep_slice_buffers_in_heap()  # the writer puts slice-sized values too
+    keep_large_buffers_in_heap()  # the writer puts slice-sized values too
     with _executor(cfg, key) as pool, StoreWriter(Path(store), codec=cfg.codec, windows=cfg.windows,
                                                   key_fingerprint=pseudo.fingerprint,
                                                   shard_bytes=cfg.shard_bytes) as writer:

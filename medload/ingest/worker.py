@@ -9,8 +9,6 @@ never escape as exceptions: they come back as :class:`Failure`.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 from dataclasses import dataclass
 
@@ -18,6 +16,7 @@ import numpy as np
 import xxhash
 
 from medload import windows as win
+from medload.allocator import keep_large_buffers_in_heap
 from medload.config import IngestConfig
 from medload.errors import InputProblem
 from medload.ingest.deid import Pseudonymizer
@@ -28,8 +27,7 @@ from medload.ingest.ring import RingSlot, SlotWriter, Span
 from medload.storage.codec import encode_value, get_codec
 from medload.storage.digest import slice_digest
 
-__all__ = ["init_worker", "header_batch", "decode_chunk", "DecodeChunk", "EncodedSlice", "Failure",
-           "keep_slice_buffers_in_heap"]
+__all__ = ["init_worker", "header_batch", "decode_chunk", "DecodeChunk", "EncodedSlice", "Failure"]
 
 
 @dataclass(frozen=True)
@@ -83,25 +81,7 @@ def init_worker(key: bytes, cfg: IngestConfig) -> None:
     """Process initializer: keep the key and settings for the tasks that follow."""
     _State.pseudo = Pseudonymizer(key)
     _State.cfg = cfg
-    keep_slice_buffers_in_heap()
-
-
-def keep_slice_buffers_in_heap() -> None:
-    """Let glibc reuse freed slice-sized buffers instead of mapping fresh pages for each one.
-
-    Every slice allocates a few 0.5-2 MB buffers (file bytes, HU values, codec output, and in the writer
-    LMDB's dirty overflow pages). By default glibc
-    maps each with mmap and unmaps it on free, so every slice pays page faults and zeroing again;
-    measured here, that doubled the decode time of a 512x512 slice (172 -> 77 us). Raising the mmap
-    threshold (M_MMAP_THRESHOLD, -3) and the trim threshold (M_TRIM_THRESHOLD, -1) keeps them in the
-    heap for reuse. No effect where the C library is not glibc.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, 32 << 20)
-        libc.mallopt(-1, 128 << 20)
-    except (OSError, AttributeError):
-        pass
+    keep_large_buffers_in_heap()
 
 
 def _sha256(ref: SourceRef) -> str | None:

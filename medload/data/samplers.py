@@ -1,0 +1,381 @@
+"""Samplers: which dataset indices a training epoch visits, and in what order.
+
+A dataset describes its samples with numpy arrays, one entry per sample: ``series`` (int32), ``patients``
+(int32) and ``foreground`` (bool, from the per-slice foreground counts stored at ingest). Every sampler is a
+``torch.utils.data.Sampler`` that yields ``int`` indices, is deterministic in ``(seed, epoch)`` and draws a
+new order after ``set_epoch(epoch)`` (as with torch's ``DistributedSampler``, iterating twice without
+``set_epoch`` repeats the order). Orders are built with vectorised numpy, so 10M samples take a fraction of
+a second.
+
+Distributed training splits samples by *patient* (:func:`partition_by_patient`, a pure function), so that a
+patient's slices never sit on two ranks and ranks stay balanced (DESIGN.md §6).
+
+Example:
+    >>> import numpy as np
+    >>> parts = partition_by_patient(np.array([0, 0, 1, 2, 2, 2]), 2, seed=0, epoch=0)
+    >>> sorted(len(p) for p in parts)
+    [3, 3]
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import operator
+from collections.abc import Iterator
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from medload.errors import ConfigError
+
+__all__ = ["UniformSampler", "ForegroundSampler", "SeriesGroupedSampler", "DistributedPatientSampler",
+           "partition_by_patient"]
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 16  # indices converted to Python ints per step while iterating
+_EVEN = ("pad", "truncate", "none")
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def _int(name: str, value, *, low: int | None = None) -> int:
+    """``value`` as an int (at least ``low``), or a ConfigError naming the argument."""
+    try:
+        out = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+    if low is not None and out < low:
+        raise ConfigError(f"{name} must be >= {low}, got {out}")
+    return out
+
+
+def _rng(seed: int, epoch: int, *stream: int) -> np.random.Generator:
+    """The generator for one (seed, epoch); ``stream`` keeps independent draws apart."""
+    return np.random.default_rng([seed % 2**64, epoch % 2**64, *stream])
+
+
+def _ids(name: str, values, *, allow_empty: bool = False) -> np.ndarray:
+    """A 1-D integer array of per-sample ids (series or patient), validated."""
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ConfigError(f"{name} must be a 1-D array with one entry per sample, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise ConfigError(f"{name} must hold integer ids, got dtype {arr.dtype}: map other ids to integers "
+                          f"with np.unique({name}, return_inverse=True)[1]")
+    if not allow_empty and arr.size == 0:
+        raise ConfigError(f"{name} is empty: the dataset has no samples (check the store holds series)")
+    return arr
+
+
+def _group(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense group number per sample (0..G-1 in sorted id order) and the number of samples per group."""
+    if ids.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo >= 0 and hi <= 4 * ids.size + 65536:  # small non-negative ids: O(n) counting, no sort
+        counts = np.bincount(ids.astype(np.intp, copy=False))
+        present = counts > 0
+        remap = np.cumsum(present) - 1
+        return remap[ids], counts[present]
+    _, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+    return inverse.reshape(-1), counts
+
+
+def _stable_argsort(keys: np.ndarray, n_keys: int) -> np.ndarray:
+    """Stable argsort of small non-negative integer keys (radix sort when they fit 16 bits)."""
+    return np.argsort(keys.astype(np.uint16 if n_keys <= 65536 else np.int64), kind="stable")
+
+
+def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised."""
+    offsets = np.cumsum(lengths) - lengths
+    return np.arange(int(lengths.sum())) + np.repeat(starts - offsets, lengths)
+
+
+class _EpochSampler(Sampler[int]):
+    """Shared ``set_epoch``/``__iter__``/``__len__``: subclasses build ``_indices()`` for ``self.epoch``."""
+
+    seed: int
+    epoch: int = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch`` (deterministic in ``(seed, epoch)``) from the next iteration on."""
+        self.epoch = _int("epoch", epoch, low=0)
+
+    def _indices(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[int]:
+        indices = self._indices()
+        for start in range(0, indices.size, _CHUNK):  # Python ints, a chunk at a time
+            yield from indices[start:start + _CHUNK].tolist()
+
+
+# ---------------------------------------------------------------------------------------------- samplers
+class UniformSampler(_EpochSampler):
+    """A seeded random order of ``range(n)``, new every epoch.
+
+    Without replacement each index appears once per epoch; a ``num_samples`` above ``n`` chains further
+    permutations (as torch's ``RandomSampler`` does). With replacement indices are drawn independently.
+    """
+
+    def __init__(self, n: int, *, seed: int = 0, num_samples: int | None = None, replacement: bool = False):
+        self.n = _int("n", n, low=1)
+        self.seed = _int("seed", seed)
+        self.num_samples = self.n if num_samples is None else _int("num_samples", num_samples, low=1)
+        self.replacement = bool(replacement)
+
+    def _indices(self) -> np.ndarray:
+        rng = _rng(self.seed, self.epoch, 1)
+        if self.replacement:
+            return rng.integers(0, self.n, self.num_samples)
+        rounds = -(-self.num_samples // self.n)
+        return np.concatenate([rng.permutation(self.n) for _ in range(rounds)])[: self.num_samples]
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class ForegroundSampler(_EpochSampler):
+    """nnU-Net style oversampling: each draw is, with probability ``p``, a sample whose label has foreground,
+    otherwise a uniform draw from all samples (so the foreground fraction is ``p + (1 - p) * base_rate``).
+
+    ``foreground`` is a bool per sample (integer foreground counts are accepted: non-zero means foreground).
+    Draws are with replacement; ``num_samples`` defaults to the number of samples.
+    """
+
+    def __init__(self, foreground: np.ndarray, *, p: float = 0.33, num_samples: int | None = None,
+                 seed: int = 0):
+        fg = np.asarray(foreground)
+        if fg.ndim != 1 or fg.dtype.kind not in "biu":
+            raise ConfigError(f"foreground must be a 1-D bool array, one entry per sample; got shape "
+                              f"{fg.shape}, dtype {fg.dtype}")
+        if fg.size == 0:
+            raise ConfigError("foreground is empty: the dataset has no samples (check the store holds series)")
+        if not isinstance(p, (int, float, np.number)) or not 0.0 <= float(p) <= 1.0:
+            raise ConfigError(f"p is a probability: pass a value in [0, 1], got {p!r}")
+        self.p = float(p)
+        self.foreground_indices = np.flatnonzero(fg)
+        if self.p > 0 and self.foreground_indices.size == 0:
+            raise ConfigError(f"no sample has foreground (all {fg.size} labels are empty), so p={self.p} cannot "
+                              "be met: check labels were ingested (medload ingest --labels ...) or pass p=0")
+        self.n = int(fg.size)
+        self.seed = _int("seed", seed)
+        self.num_samples = self.n if num_samples is None else _int("num_samples", num_samples, low=1)
+
+    @property
+    def base_rate(self) -> float:
+        """Fraction of samples that have foreground."""
+        return self.foreground_indices.size / self.n
+
+    def _indices(self) -> np.ndarray:
+        rng = _rng(self.seed, self.epoch, 2)
+        out = rng.integers(0, self.n, self.num_samples)
+        forced = rng.random(self.num_samples) < self.p
+        picks = rng.integers(0, max(self.foreground_indices.size, 1), int(forced.sum()))
+        out[forced] = self.foreground_indices[picks]
+        return out
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class SeriesGroupedSampler(_EpochSampler):
+    """Every index once per epoch, one series at a time, for cache locality.
+
+    Series come in a shuffled order (``shuffle=False``: order of first appearance). Within a series, samples
+    (in index order) are cut into blocks of ``block`` consecutive samples (``None``: the whole series is one
+    block) and the blocks are shuffled; a block's samples stay consecutive and in order.
+    """
+
+    def __init__(self, series: np.ndarray, *, seed: int = 0, shuffle: bool = True, block: int | None = None):
+        ids = _ids("series", series)
+        self.seed = _int("seed", seed)
+        self.shuffle = bool(shuffle)
+        self.block = None if block is None else _int("block", block, low=1)
+        self.n = int(ids.size)
+        starts = np.concatenate([[0], np.flatnonzero(ids[1:] != ids[:-1]) + 1])
+        if starts.size <= max(65536, self.n // 8) and np.unique(ids[starts]).size == starts.size:
+            # each series is one contiguous run (the usual layout): no sort needed
+            self._members = None
+            sizes = np.diff(np.append(starts, self.n))
+        else:
+            inverse, counts = _group(ids)
+            order = _stable_argsort(inverse, counts.size)
+            sorted_starts = np.cumsum(counts) - counts
+            by_first = np.argsort(order[sorted_starts])  # series in order of first appearance
+            self._members = order[_concat_ranges(sorted_starts[by_first], counts[by_first])]
+            sizes = counts[by_first]
+            starts = np.cumsum(sizes) - sizes
+        self.n_series = int(sizes.size)
+        per = np.ones_like(sizes) if self.block is None else -(-sizes // self.block)  # blocks per series
+        self._first_block = np.cumsum(per) - per
+        self._n_blocks = per
+        block_series = np.repeat(np.arange(self.n_series), per)
+        step = sizes[block_series] if self.block is None else self.block
+        within = np.arange(block_series.size) - self._first_block[block_series]
+        self._block_start = starts[block_series] + within * step
+        self._block_len = np.minimum(self._block_start + step, (starts + sizes)[block_series]) - self._block_start
+
+    def _indices(self) -> np.ndarray:
+        blocks = np.arange(self._block_start.size)
+        if self.shuffle:
+            rng = _rng(self.seed, self.epoch, 3)
+            several = np.flatnonzero(self._n_blocks > 1)  # shuffle blocks within each series, in place
+            lows = self._first_block[several]
+            for lo, hi in zip(lows.tolist(), (lows + self._n_blocks[several]).tolist()):
+                rng.shuffle(blocks[lo:hi])
+            order = rng.permutation(self.n_series)
+            blocks = blocks[_concat_ranges(self._first_block[order], self._n_blocks[order])]
+        if self.block == 1:
+            positions = self._block_start[blocks]
+        else:
+            positions = _concat_ranges(self._block_start[blocks], self._block_len[blocks])
+        return positions if self._members is None else self._members[positions]
+
+    def __len__(self) -> int:
+        return self.n
+
+
+# ------------------------------------------------------------------------------------------ distribution
+def _assign(loads: np.ndarray, world_size: int, seed: int, epoch: int) -> np.ndarray:
+    """Rank of each patient: largest load first (ties in seeded order), each to the least loaded rank."""
+    rank_of = np.zeros(loads.size, np.int64)
+    if world_size > 1:
+        tie_break = _rng(seed, epoch, 4).permutation(loads.size)
+        by_load = tie_break[np.argsort(-loads[tie_break], kind="stable")]
+        heap, ranks = [(0, r) for r in range(world_size)], []  # (load so far, rank): already a valid heap
+        for load in loads[by_load].tolist():
+            total, r = heap[0]
+            ranks.append(r)
+            heapq.heapreplace(heap, (total + load, r))
+        rank_of[by_load] = ranks
+    return rank_of
+
+
+def partition_by_patient(patients: np.ndarray, world_size: int, *, seed: int, epoch: int,
+                         weights: np.ndarray | None = None) -> list[np.ndarray]:
+    """The sample indices each rank owns this epoch; pure and deterministic in its arguments.
+
+    Every sample lands on exactly one rank, and all samples of a patient on the same rank. Patients are
+    assigned greedily, largest first (ties in an order shuffled by ``(seed, epoch)``), each to the rank with
+    the smallest load so far (lowest rank on ties); the load is the number of samples, or the sum of
+    ``weights``. So the most and least loaded ranks differ by at most the largest patient's load. Within a
+    rank the order is shuffled by ``(seed, epoch)``. With more ranks than patients, some ranks get an empty
+    array (callers decide what an empty rank does; :class:`DistributedPatientSampler` pads it).
+
+    Args:
+        patients: patient id (integer) of each sample.
+        world_size: number of ranks.
+        seed: shared by all ranks.
+        epoch: the epoch; another epoch gives another assignment of tied patients and another order.
+        weights: optional non-negative cost per sample, balanced instead of the sample count.
+
+    Returns:
+        ``world_size`` int64 arrays of sample indices, one per rank.
+    """
+    ids = _ids("patients", patients, allow_empty=True)
+    world_size = _int("world_size", world_size, low=1)
+    seed, epoch = _int("seed", seed), _int("epoch", epoch, low=0)
+    inverse, counts = _group(ids)
+    if weights is None:
+        loads = counts
+    else:
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != ids.shape or not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise ConfigError(f"weights must be finite, non-negative, one per sample ({ids.size}); "
+                              f"got shape {w.shape}")
+        loads = np.bincount(inverse, weights=w, minlength=counts.size)
+    sample_rank = _assign(loads, world_size, seed, epoch)[inverse]
+    grouped = _stable_argsort(sample_rank, world_size)  # by rank, then by index
+    parts = np.split(grouped, np.cumsum(np.bincount(sample_rank, minlength=world_size))[:-1])
+    for rank, part in enumerate(parts):  # a stream per rank: a sampler shuffles only its own share
+        _rng(seed, epoch, 5, rank).shuffle(part)
+    return parts
+
+
+class DistributedPatientSampler(_EpochSampler):
+    """This rank's share of :func:`partition_by_patient`, made the same length on every rank for DDP.
+
+    ``even="pad"`` appends repeats of this rank's first samples (a rank without patients repeats the
+    longest rank's) up to the longest rank; ``padding`` marks them (in iteration order) so validation metrics
+    can skip them, and ``padded`` counts them. ``even="truncate"`` cuts every rank to the shortest (the cut
+    tail differs each epoch) and counts this rank's loss in ``dropped``. Both log a warning, once per epoch
+    on every rank, when any rank pads or drops. ``even="none"`` keeps unequal lengths (no collectives).
+    """
+
+    def __init__(self, patients: np.ndarray, *, rank: int, world_size: int, seed: int = 0, even: str = "pad"):
+        ids = _ids("patients", patients)
+        self.world_size = _int("world_size", world_size, low=1)
+        self.rank = _int("rank", rank, low=0)
+        if self.rank >= self.world_size:
+            raise ConfigError(f"rank {self.rank} is outside world_size {self.world_size}: ranks are 0.."
+                              f"{self.world_size - 1}")
+        if even not in _EVEN:
+            raise ConfigError(f"even must be one of {', '.join(_EVEN)}; got {even!r}")
+        self.seed = _int("seed", seed)
+        self.even = even
+        self._inverse, self._loads = _group(ids)
+        if even == "truncate" and self._loads.size < self.world_size:
+            raise ConfigError(f"{self._loads.size} patients for {self.world_size} ranks: some ranks get none, so "
+                              "even='truncate' would drop every sample; use even='pad' or fewer ranks")
+        self._planned: tuple | None = None
+
+    @property
+    def padding(self) -> np.ndarray:
+        """Bool per position of this epoch's order: True where the sample is a padding repeat."""
+        return self._plan()[1]
+
+    @property
+    def padded(self) -> int:
+        """How many positions of this epoch's order are padding repeats (``even="pad"``)."""
+        return int(self._plan()[1].sum())
+
+    @property
+    def dropped(self) -> int:
+        """How many of this rank's samples this epoch cuts (``even="truncate"``)."""
+        return self._plan()[2]
+
+    def _plan(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """(order, padding mask, dropped) for the current epoch, computed once per epoch."""
+        if self._planned is not None and self._planned[0] == self.epoch:
+            return self._planned[1:]
+        sample_rank = _assign(self._loads, self.world_size, self.seed, self.epoch)[self._inverse]
+        lengths = np.bincount(sample_rank, minlength=self.world_size)
+
+        def share(rank: int) -> np.ndarray:  # the array partition_by_patient gives this rank
+            indices = np.flatnonzero(sample_rank == rank)
+            _rng(self.seed, self.epoch, 5, rank).shuffle(indices)
+            return indices
+
+        mine, dropped, padded = share(self.rank), 0, 0
+        if self.even == "pad":
+            target = int(lengths.max())
+            padded = target - mine.size
+            source = mine if mine.size else share(int(lengths.argmax()))
+            order = np.concatenate([mine, np.resize(source, padded)])
+            if lengths.min() < target:
+                log.warning("epoch %d: padded %d samples over %d ranks to %d per rank (this rank %d: %d repeats); "
+                            "skip them with sampler.padding in metrics, or use even='truncate'", self.epoch,
+                            int((target - lengths).sum()), self.world_size, target, self.rank, padded)
+        elif self.even == "truncate":
+            target = int(lengths.min())
+            dropped = mine.size - target
+            order = mine[:target]
+            if lengths.max() > target:
+                log.warning("epoch %d: dropped %d of %d samples to cut %d ranks to %d each (this rank %d: %d); "
+                            "use even='pad' to keep them", self.epoch, int((lengths - target).sum()),
+                            int(lengths.sum()), self.world_size, target, self.rank, dropped)
+        else:
+            order = mine
+        padding = np.zeros(order.size, bool)
+        padding[order.size - padded:] = True
+        self._planned = (self.epoch, order, padding, dropped)
+        return self._planned[1:]
+
+    def _indices(self) -> np.ndarray:
+        return self._plan()[0]
+
+    def __len__(self) -> int:
+        return int(self._plan()[0].size)
