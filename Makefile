@@ -30,10 +30,11 @@ apt-deps:
 demo: $(BIN)/.installed
 	$(BIN)/medload ingest sample_data/philips_ct_head/dicom $(STORE)
 	$(BIN)/medload info $(STORE)
+	$(BIN)/python pipelines/train_segmentation.py --store $(STORE) --quick --demo-target bone --out runs/demo
 
 test: $(BIN)/.dev-installed apt-deps
 	$(BIN)/ruff check medload tests benchmarks sample_data
 	$(BIN)/pytest -q
 
 clean:
-	rm -rf stores .pytest_cache .hypothesis
+	rm -rf stores runs .pytest_cache .hypothesis
