@@ -175,13 +175,18 @@ def test_loader_scales_stored_planes_and_refuses_a_second_window(built):
 
 
 class _MemoryReportingDataset(SliceDataset):
-    """Adds each worker's resident set size to the batch (test instrumentation)."""
+    """Records each worker's resident set size in a shared tensor (test instrumentation)."""
 
-    def __getitems__(self, indices):
-        batch = super().__getitems__(indices)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rss = torch.zeros(2, dtype=torch.int64).share_memory_()
+
+    def read_batch(self, indices, image, label) -> None:
+        super().read_batch(indices, image, label)
         with open("/proc/self/statm") as f:
-            batch["rss"] = np.array([int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"), os.getpid()])
-        return batch
+            resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        worker = torch.utils.data.get_worker_info().id
+        self.rss[worker] = max(int(self.rss[worker]), resident)
 
 
 def test_worker_memory_stays_flat_over_epochs(built):
@@ -191,11 +196,25 @@ def test_worker_memory_stays_flat_over_epochs(built):
     per_epoch = []
     for epoch in range(3):
         loader.set_epoch(epoch)
-        rss = {}
+        assert sum(b["image"].shape[0] for b in loader) == 15
+        per_epoch.append(ds.rss.tolist())
+    assert all(r > 0 for r in per_epoch[0])
+    for first, last in zip(per_epoch[0], per_epoch[2]):
+        assert last - first < 16 << 20, per_epoch  # generous: no growth per epoch
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_slots_wrap_around_many_times_without_mixing_batches(built, method):
+    """15 one-sample batches through 6 slots: every batch still holds exactly its own sample."""
+    path, by_key = built
+    ds = SliceDataset(open_store(path), context=1, keys=_keys_of(by_key, 9) + _keys_of(by_key, 6))
+    loader = make_loader(ds, batch_size=1, num_workers=2, window=None, seed=5,
+                         multiprocessing_context=mp.get_context(method))
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        seen = []
         for batch in loader:
-            size, pid = batch["rss"].tolist()
-            rss[pid] = max(rss.get(pid, 0), size)
-        per_epoch.append(rss)
-    assert len(per_epoch[0]) == 2 and per_epoch[0].keys() == per_epoch[2].keys()  # persistent workers
-    for pid in per_epoch[0]:
-        assert per_epoch[2][pid] - per_epoch[0][pid] < 16 << 20, per_epoch  # generous: no growth per epoch
+            i = int(batch["index"][0])
+            assert np.array_equal(batch["image"][0].numpy(), ds[i]["image"].numpy().astype(np.float32))
+            seen.append(i)
+        assert sorted(seen) == list(range(15))

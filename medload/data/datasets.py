@@ -66,6 +66,34 @@ class _StoreDataset(torch.utils.data.Dataset):
                               "(or use batch size 1)")
         return int(hw[0, 0]), int(hw[0, 1])
 
+    # ---- batches ----------------------------------------------------------------------------
+    def batch_shapes(self, indices: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+        """Shapes of the image and label arrays of a batch of these samples."""
+        h, w = self._batch_hw(indices)
+        n = len(indices)
+        return (n, *self._item_shape(h, w)), ((n, *self._label_shape(h, w)) if self.labels else None)
+
+    def max_batch_bytes(self, batch_size: int) -> int:
+        """Bytes of the largest batch (image and label) this dataset can produce."""
+        most = 0
+        for h, w in {tuple(x) for x in self._hw.tolist()}:
+            nbytes = int(np.prod(self._item_shape(h, w))) * self.dtype.itemsize
+            if self.labels:
+                nbytes += int(np.prod(self._label_shape(h, w))) * self.label_dtype.itemsize
+            most = max(most, nbytes)
+        return most * batch_size
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        """A whole batch as one image array (and one label array); torch's DataLoader calls this."""
+        image_shape, label_shape = self.batch_shapes(indices)
+        image = np.empty(image_shape, dtype=self.dtype)
+        label = None if label_shape is None else np.empty(label_shape, dtype=self.label_dtype)
+        self.read_batch(indices, image, label)
+        out = {"image": image, "index": np.asarray(indices, dtype=np.int64)}
+        if label is not None:
+            out["label"] = label
+        return out
+
     def __getitem__(self, i: int) -> dict:
         from monai.data import MetaTensor
 
@@ -115,11 +143,15 @@ class SliceDataset(_StoreDataset):
         out[:3, 3] = (a @ np.array([0.0, 0.0, z, 1.0]))[:3]
         return out
 
-    def __getitems__(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
-        h, w = self._batch_hw(indices)
+    def _item_shape(self, h: int, w: int) -> tuple[int, ...]:
+        return (2 * self.context + 1, h, w)
+
+    def _label_shape(self, h: int, w: int) -> tuple[int, ...]:
+        return (1, h, w)
+
+    def read_batch(self, indices: Sequence[int], image: np.ndarray, label: np.ndarray | None) -> None:
+        """Fill ``image`` (B, 2k+1, H, W) and ``label`` (B, 1, H, W) with the samples ``indices``."""
         k = self.context
-        image = np.empty((len(indices), 2 * k + 1, h, w), dtype=self.dtype)
-        label = np.empty((len(indices), 1, h, w), dtype=self.label_dtype) if self.labels else None
         for b, i in enumerate(indices):
             rec, z = self._sample(i)
             a, e = max(z - k, 0), min(z + k + 1, rec.shape[0])
@@ -129,10 +161,6 @@ class SliceDataset(_StoreDataset):
             image[b, lo + e - a :] = image[b, lo + e - a - 1]   # replicate the last slice
             if label is not None:
                 self.store.read_label(rec.key, z, z + 1, out=label[b])
-        out = {"image": image, "index": np.asarray(indices, dtype=np.int64)}
-        if label is not None:
-            out["label"] = label
-        return out
 
 
 class SlabDataset(_StoreDataset):
@@ -160,16 +188,15 @@ class SlabDataset(_StoreDataset):
         out[:3, 3] = (a @ np.array([0.0, 0.0, z, 1.0]))[:3]
         return out
 
-    def __getitems__(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
-        h, w = self._batch_hw(indices)
-        image = np.empty((len(indices), 1, self.depth, h, w), dtype=self.dtype)
-        label = np.empty((len(indices), 1, self.depth, h, w), dtype=self.label_dtype) if self.labels else None
+    def _item_shape(self, h: int, w: int) -> tuple[int, ...]:
+        return (1, self.depth, h, w)
+
+    _label_shape = _item_shape
+
+    def read_batch(self, indices: Sequence[int], image: np.ndarray, label: np.ndarray | None) -> None:
+        """Fill ``image`` and ``label`` (B, 1, D, H, W) with the samples ``indices``."""
         for b, i in enumerate(indices):
             rec, z = self._sample(i)
             self.store.read(rec.key, z, z + self.depth, window=self.plane, out=image[b, 0])
             if label is not None:
                 self.store.read_label(rec.key, z, z + self.depth, out=label[b, 0])
-        out = {"image": image, "index": np.asarray(indices, dtype=np.int64)}
-        if label is not None:
-            out["label"] = label
-        return out

@@ -1,10 +1,18 @@
 """The fast path from a store to windowed float batches on the training device.
 
-Stock pipelines collate per-sample float tensors in each worker, and every batch crosses to the
-trainer through freshly allocated shared memory. Here a worker reads a whole batch of int16 (or
-uint8) slices into one array (:meth:`SliceDataset.__getitems__`), that one array -- half the bytes of
-float32 -- crosses to the trainer, is pinned when the device is a GPU, and the float conversion and
-windowing run on the device, in place.
+Stock pipelines collate per-sample float tensors in each worker, and every batch then crosses to the
+trainer through freshly allocated shared memory (a copy and page faults per batch). Here:
+
+1. a worker reads a whole batch of int16 (or uint8) slices with one call
+   (:meth:`SliceDataset.read_batch`) straight into a *slot* of a shared buffer allocated once, before
+   the workers start -- no per-batch allocation, no copy across the process boundary, half the bytes
+   of float32;
+2. only the slot number crosses the process boundary;
+3. the trainer converts the slot to float and applies the window on the target device, in place.
+
+A slot is reused ``slots`` batches later. The DataLoader dispatches at most ``num_workers *
+prefetch_factor`` batches ahead of the one being consumed, and a slot is read only until its batch is
+on the device, so ``slots = num_workers * prefetch_factor + 2`` never overwrites a batch in use.
 """
 
 from __future__ import annotations
@@ -18,51 +26,115 @@ from medload import windows as win
 from medload.allocator import keep_large_buffers_in_heap
 from medload.errors import ConfigError
 
-__all__ = ["make_loader", "DeviceLoader", "collate_batch"]
+__all__ = ["make_loader", "DeviceLoader"]
 
 
-def collate_batch(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """The dataset already built the batch: wrap its arrays as tensors (no copy)."""
-    return {name: torch.from_numpy(array) for name, array in batch.items()}
+class _Batch(list):
+    """The sample indices of one batch, and the buffer slot its arrays go into."""
+
+    def __init__(self, indices: list[int], slot: int) -> None:
+        super().__init__(indices)
+        self.slot = slot
+
+
+class _SlotBatchSampler(torch.utils.data.Sampler):
+    """Groups a sampler's indices into batches and gives each batch the next slot, round robin."""
+
+    def __init__(self, sampler, batch_size: int, drop_last: bool, slots: int) -> None:
+        self.sampler, self.batch_size, self.drop_last, self.slots = sampler, batch_size, drop_last, slots
+
+    def __iter__(self) -> Iterator[_Batch]:
+        chunk, n = [], 0
+        for i in self.sampler:
+            chunk.append(int(i))
+            if len(chunk) == self.batch_size:
+                yield _Batch(chunk, n % self.slots)
+                chunk, n = [], n + 1
+        if chunk and not self.drop_last:
+            yield _Batch(chunk, n % self.slots)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+
+def _views(slot: np.ndarray, image_shape, image_dtype: np.dtype, label_shape, label_dtype) -> tuple:
+    """The image (and label) arrays of a batch, laid out one after the other in a slot's bytes."""
+    n_image = int(np.prod(image_shape)) * image_dtype.itemsize
+    image = slot[:n_image].view(image_dtype).reshape(image_shape)
+    if label_shape is None:
+        return image, None
+    n_label = int(np.prod(label_shape)) * label_dtype.itemsize
+    return image, slot[n_image : n_image + n_label].view(label_dtype).reshape(label_shape)
+
+
+class _SlotDataset(torch.utils.data.Dataset):
+    """What the DataLoader sees: the dataset, writing each batch into its slot of ``buffers``."""
+
+    def __init__(self, dataset, buffers: torch.Tensor) -> None:
+        self.dataset, self.buffers = dataset, buffers
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, batch: _Batch) -> dict:
+        image_shape, label_shape = self.dataset.batch_shapes(batch)
+        image, label = _views(self.buffers[batch.slot].numpy(), image_shape, self.dataset.dtype, label_shape,
+                              self.dataset.label_dtype)
+        self.dataset.read_batch(batch, image, label)
+        return {"slot": batch.slot, "image_shape": image_shape, "label_shape": label_shape,
+                "index": torch.tensor(list(batch), dtype=torch.int64)}
+
+
+def _pass_through(batch: dict) -> dict:
+    return batch
+
+
+def _init_worker(worker_id: int) -> None:
+    keep_large_buffers_in_heap()
 
 
 class DeviceLoader:
-    """Iterates a DataLoader of int16/uint8 batches and yields float batches windowed on ``device``:
-    ``{"image": float (B, C, ...) in 0..1 (or HU without a window), "label": uint8 (B, 1, ...),
-    "index": int64 (B,)}`` (``index`` gives each sample's position in the dataset, for its affine)."""
+    """Iterates batches as ``{"image": float (B, C, ...) on device, windowed to 0..1 (or HU without a
+    window), "label": (B, 1, ...) as stored (uint8), "index": int64 (B,)}``; ``index`` is each
+    sample's position in the dataset (``dataset.item_affine(i)`` maps it back to the patient)."""
 
-    def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device, window: win.Window | None,
-                 scale_uint8: bool, dtype: torch.dtype, augment=None) -> None:
-        self.loader, self.device, self.window, self.dtype, self.augment = loader, device, window, dtype, augment
-        self._scale_uint8 = scale_uint8
+    def __init__(self, loader: torch.utils.data.DataLoader, buffers: torch.Tensor, device: torch.device,
+                 window: win.Window | None, dtype: torch.dtype, augment=None) -> None:
+        self.loader, self.buffers, self.device, self.window, self.dtype, self.augment = (
+            loader, buffers, device, window, dtype, augment)
+        self.dataset = loader.dataset.dataset
 
     def __len__(self) -> int:
         return len(self.loader)
 
-    @property
-    def dataset(self):
-        return self.loader.dataset
-
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the sampler and the augmentation (reproducible per epoch)."""
-        for obj in (getattr(self.loader, "sampler", None), getattr(self.loader, "batch_sampler", None), self.augment):
-            if hasattr(obj, "set_epoch"):
-                obj.set_epoch(epoch)
+        self.loader.batch_sampler.set_epoch(epoch)
+        if hasattr(self.augment, "set_epoch"):
+            self.augment.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        non_blocking = self.device.type == "cuda"
-        for batch in self.loader:
-            out = {name: t.to(self.device, non_blocking=non_blocking) for name, t in batch.items()}
-            out["image"] = self._to_float(out["image"])
+        ds = self.dataset
+        for meta in self.loader:
+            image, label = _views(self.buffers[meta["slot"]].numpy(), meta["image_shape"], ds.dtype,
+                                  meta["label_shape"], ds.label_dtype)
+            out = {"image": self._to_float(torch.from_numpy(image)), "index": meta["index"].to(self.device)}
+            if label is not None:  # copied off the slot before the slot is reused
+                out["label"] = torch.from_numpy(label).to(self.device, copy=True)
             if self.augment is not None:
-                out["image"], label = self.augment(out["image"], out.get("label"))
-                if label is not None:
-                    out["label"] = label
+                out["image"], augmented = self.augment(out["image"], out.get("label"))
+                if augmented is not None:
+                    out["label"] = augmented
             yield out
 
     def _to_float(self, x: torch.Tensor) -> torch.Tensor:
-        image = x.to(self.dtype)
-        if self._scale_uint8:
+        image = x.to(self.device, dtype=self.dtype, copy=True)
+        if self.dataset.plane is not None:
             return image.mul_(1.0 / 255.0)
         if self.window is not None:
             lo, hi = self.window.bounds
@@ -70,13 +142,9 @@ class DeviceLoader:
         return image
 
 
-def _init_worker(worker_id: int) -> None:
-    keep_large_buffers_in_heap()  # each worker builds one batch array after another
-
-
 def make_loader(dataset, batch_size: int, num_workers: int = 0, device: str | torch.device = "cpu", *,
                 window: str | win.Window | None = None, shuffle: bool = True, sampler=None, drop_last: bool = False,
-                seed: int = 0, augment=None, dtype: torch.dtype = torch.float32, prefetch_factor: int | None = None,
+                seed: int = 0, augment=None, dtype: torch.dtype = torch.float32, prefetch_factor: int = 2,
                 persistent_workers: bool | None = None, multiprocessing_context=None) -> DeviceLoader:
     """A loader of windowed float batches on ``device`` from a :class:`SliceDataset`/:class:`SlabDataset`.
 
@@ -95,19 +163,22 @@ def make_loader(dataset, batch_size: int, num_workers: int = 0, device: str | to
         (torch.Size([8, 3, 512, 512]), torch.float32)
     """
     device = torch.device(device)
-    keep_large_buffers_in_heap()  # batches on the CPU: reuse their memory instead of faulting it in anew
-    plane = getattr(dataset, "plane", None)
-    if plane is not None and window is not None:
-        raise ConfigError(f"the dataset reads stored {plane!r} planes (already windowed): drop window={window!r}")
+    keep_large_buffers_in_heap()  # float batches on the CPU: reuse their memory instead of faulting it in anew
+    if dataset.plane is not None and window is not None:
+        raise ConfigError(f"the dataset reads stored {dataset.plane!r} planes (already windowed): drop window={window!r}")
     if sampler is None:
         generator = torch.Generator().manual_seed(seed)
         sampler = (torch.utils.data.RandomSampler(dataset, generator=generator) if shuffle
                    else torch.utils.data.SequentialSampler(dataset))
+    slots = num_workers * prefetch_factor + 2 if num_workers else 1
+    buffers = torch.empty((slots, dataset.max_batch_bytes(batch_size)), dtype=torch.uint8)
+    if num_workers:
+        buffers.share_memory_()
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, num_workers=num_workers,
-        collate_fn=collate_batch, pin_memory=device.type == "cuda",
+        _SlotDataset(dataset, buffers), batch_sampler=_SlotBatchSampler(sampler, batch_size, drop_last, slots),
+        num_workers=num_workers, collate_fn=_pass_through,
         prefetch_factor=prefetch_factor if num_workers else None,
         persistent_workers=(num_workers > 0) if persistent_workers is None else persistent_workers,
         multiprocessing_context=multiprocessing_context, worker_init_fn=_init_worker,
     )
-    return DeviceLoader(loader, device, None if window is None else win.get(window), plane is not None, dtype, augment)
+    return DeviceLoader(loader, buffers, device, None if window is None else win.get(window), dtype, augment)
