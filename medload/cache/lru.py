@@ -68,6 +68,11 @@ class SliceLRU:
         with self._lock:
             self._cache[key] = value
 
+    def clear(self) -> None:
+        """Drop every cached slice (the counters keep counting)."""
+        with self._lock:
+            self._cache.clear()
+
     def stats(self) -> LRUStats:
         with self._lock:
             return LRUStats(self.hits, self.misses, int(self._cache.currsize), self.budget, len(self._cache),

@@ -1,0 +1,246 @@
+"""The contenders of the 2.5D loading benchmark (``benchmarks/loading.py``), and why each is a fair peer.
+
+A sample is three adjacent slices ``(z-1, z, z+1)`` of one series; a batch is a float32 tensor
+``(B, 3, rows, columns)`` in 0..1 under the soft-tissue window 400/40, i.e.
+``(clip(HU, -160, 240) + 160) / 400``, on ``device``. A contender is a function
+``(prepared, batch_size, num_workers, device) -> iterable of batches``: the call sets up (fills
+caches) outside the timed passes, and each ``iter()`` is one pass over the prepared sample list, in
+order, so every contender reads the same samples. All of them start from the same synthetic CT: DICOM
+folders, the medload stores ingested from them, and .npy volumes of the same HU.
+
+- ``monai_load_dicom``: what a MONAI user writes first: ``LoadImaged(reader="PydicomReader")`` on the
+  series' DICOM folder, ``EnsureChannelFirstd``, a small MapTransform taking the three slices around z,
+  ``ScaleIntensityRanged(a_min=-160, a_max=240, b_min=0, b_max=1, clip=True)``,
+  ``EnsureTyped(track_meta=False)`` (MONAI's own advice for speed) and a torch DataLoader with default
+  collate. It reads and decodes the whole series for every sample: that is the point of the row.
+- ``monai_cache_dataset``: ``CacheDataset`` of the volumes (LoadImaged + EnsureChannelFirstd cached in
+  RAM before the DataLoader forks its workers, which share it copy-on-write; ``copy_cache=False``
+  because the per-sample crop never writes to the cached volume), then crop + window per sample. The
+  strongest MONAI set-up when the data fit in RAM.
+- ``monai_persistent_dataset``: the same volume cache kept by ``PersistentDataset`` (``torch.save``
+  files in a cache directory, filled before timing): each sample loads its whole cached volume.
+- ``monai_lmdb_dataset``: the same with ``LMDBDataset``, MONAI's LMDB-backed persistent cache (one
+  pickled volume per LMDB value).
+- ``npy_memmap``: the nnU-Net way: each volume saved once as int16 .npy; an item is
+  ``np.load(path, mmap_mode="r")[z-1:z+2]`` windowed to float32 with numpy, default collate. It reads
+  only the bytes of the sample, so ratios are given against it.
+- ``ceiling_float32``: no DataLoader and no Python per sample beyond a loop: the int16 slices read from
+  the medload store's LMDB (``txn.get`` + :func:`~medload.storage.codec.decode_value`, no checksum)
+  into a reused buffer and windowed into a reused float32 batch; ``num_workers`` is its thread count
+  (0 or 1: one thread; N: N threads, each filling its share of the batch). What any loader over the
+  store can reach.
+- ``ceiling_int16``: the same without the window: the int16 batch a GPU path would ship (windowing on
+  the GPU). Its batches are int16 HU, not 0..1.
+- ``medload``: :class:`medload.data.SliceDataset` (HU int16, ``context=1``, every slice of the series;
+  the benchmark's samples are picked by a sampler) and :func:`medload.data.make_loader` with the
+  soft-tissue window applied by the loader (on the device).
+- ``medload_uint8``: the same reading the soft-tissue uint8 planes stored at ingest
+  (``plane="soft_tissue"``); values are the stored planes / 255, within 0.5/255 of the float window.
+
+The MONAI volume caches hold what LoadImaged returns (float32, its default). Caching each 2.5D sample
+instead of each volume (crop inside the cached transforms) would make the persistent caches read 3
+slices rather than a volume per sample, at the price of storing every slice three times in float32
+(6x the HU bytes) and of a sample list fixed before the first epoch; we cache volumes, as MONAI's
+examples do, and crop per sample. MONAI's PydicomReader stacks slices by InstanceNumber (not by
+position), so the benchmark writes series whose InstanceNumbers follow the slice order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from medload.windows import get as get_window
+
+if TYPE_CHECKING:
+    from medload.bench.loading import Prepared
+
+__all__ = ["CONTENDERS", "CEILINGS", "WINDOW", "PeerUnavailable", "Contender", "window_into", "device_batches",
+           "npy_memmap", "ceiling_float32", "ceiling_int16", "medload_loader", "medload_uint8"]
+
+WINDOW = get_window("soft_tissue")
+_LOW, _HIGH = (np.float32(b) for b in WINDOW.bounds)
+_WIDTH = _HIGH - _LOW
+
+Contender = Callable[["Prepared", int, int, str], Iterable[torch.Tensor]]
+
+
+class PeerUnavailable(RuntimeError):
+    """A contender cannot run here (e.g. the medload loader is not in this tree yet)."""
+
+
+def window_into(hu: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out[...] = (clip(hu, low, high) - low) / width`` in float32, with no temporary array."""
+    np.subtract(hu, _LOW, out=out, dtype=np.float32)
+    np.clip(out, np.float32(0), _WIDTH, out=out)
+    np.divide(out, _WIDTH, out=out)
+    return out
+
+
+class device_batches:  # noqa: N801 - used like a function
+    """Re-iterable: the ``"image"`` of each batch of a torch DataLoader over ``dataset``, on ``device``."""
+
+    def __init__(self, dataset: Dataset, batch_size: int, num_workers: int, device: str) -> None:
+        self.device = torch.device(device)
+        self.loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+                                 pin_memory=self.device.type == "cuda")
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for batch in self.loader:
+            yield batch["image"].to(self.device, non_blocking=True)
+
+
+# ---- nnU-Net style: int16 .npy volumes, memory-mapped ---------------------------------------------
+class NpyStacks(Dataset):
+    """Sample ``i``: slices ``z-1..z+1`` of a memory-mapped int16 .npy volume, windowed to float32."""
+
+    def __init__(self, paths: list[str], series_index: np.ndarray, z: np.ndarray) -> None:
+        self.paths, self.series_index, self.z = paths, series_index, z
+
+    def __len__(self) -> int:
+        return len(self.z)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        volume = np.load(self.paths[self.series_index[i]], mmap_mode="r")
+        z = int(self.z[i])
+        hu = volume[z - 1 : z + 2]
+        return {"image": torch.from_numpy(window_into(hu, np.empty(hu.shape, np.float32)))}
+
+
+def npy_memmap(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
+    paths = [s.npy for s in prep.series]
+    return device_batches(NpyStacks(paths, prep.series_index, prep.z), batch_size, num_workers, device)
+
+
+# ---- ceilings: the store's LMDB read by hand into reused buffers --------------------------------
+class _Ceiling:
+    """Batches from the medload store's LMDB: ``txn.get`` + ``decode_value`` into reused buffers."""
+
+    def __init__(self, prep: Prepared, batch_size: int, threads: int, device: str, windowed: bool) -> None:
+        from medload.storage import shard as sh
+        from medload.storage.manifest import shard_path
+        from medload.storage.store import open_store
+
+        store = open_store(prep.store, cache=0)
+        shards = {r.key: r.shard for r in store.series()}
+        self.envs = [sh.reader_env(shard_path(store.path, shards[s.key])) for s in prep.series]
+        self.dbs = [env.open_db(sh.SLICES, create=False) for env in self.envs]
+        self.keys = [bytes.fromhex(s.key) for s in prep.series]
+        self.series_index, self.z = prep.series_index, prep.z
+        self.batch_size, self.threads, self.windowed = batch_size, max(1, threads), windowed
+        shape = (batch_size, 3, prep.rows, prep.cols)
+        self.host = np.empty(shape, np.float32 if windowed else np.int16)
+        self.scratch = np.empty((self.threads, 3, prep.rows, prep.cols), np.int16)
+        self.device = torch.device(device)
+        self.out = torch.from_numpy(self.host)
+        if self.device.type != "cpu":
+            self.out = torch.empty(shape, dtype=self.out.dtype, device=self.device)
+        self.pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+
+    def _fill(self, part: int, first: int, lo: int, hi: int) -> None:
+        from medload.storage.codec import decode_value
+        from medload.storage.keys import slice_key
+
+        for b in range(lo, hi):
+            s, z = self.series_index[first + b], int(self.z[first + b])
+            dst = self.scratch[part] if self.windowed else self.host[b]
+            with self.envs[s].begin(buffers=True) as txn:
+                for c in range(3):
+                    decode_value(txn.get(slice_key(self.keys[s], z - 1 + c), db=self.dbs[s]), verify=False,
+                                 out=dst[c])
+            if self.windowed:
+                window_into(dst, self.host[b])
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        n = len(self.z)
+        for first in range(0, n, self.batch_size):
+            size = min(self.batch_size, n - first)
+            cuts = np.linspace(0, size, self.threads + 1).astype(int)
+            if self.pool is None:
+                self._fill(0, first, 0, size)
+            else:
+                list(self.pool.map(self._fill, range(self.threads), [first] * self.threads, cuts[:-1], cuts[1:]))
+            if self.device.type == "cpu":
+                yield self.out[:size]
+            else:
+                self.out[:size].copy_(torch.from_numpy(self.host[:size]))
+                yield self.out[:size]
+
+
+def ceiling_float32(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
+    return _Ceiling(prep, batch_size, num_workers, device, windowed=True)
+
+
+def ceiling_int16(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
+    return _Ceiling(prep, batch_size, num_workers, device, windowed=False)
+
+
+# ---- medload ------------------------------------------------------------------------------------
+class _Images:
+    """Re-iterable: ``batch["image"]`` of each batch of a loader (or the batch, if it is a tensor)."""
+
+    def __init__(self, loader: Iterable[Any]) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for batch in self.loader:
+            yield batch["image"] if isinstance(batch, dict) else batch
+
+
+def _medload(prep: Prepared, batch_size: int, num_workers: int, device: str, plane: str | None) -> Iterable[torch.Tensor]:
+    try:
+        from medload.data import SliceDataset, make_loader
+    except ImportError as exc:
+        raise PeerUnavailable(f"not available yet: medload.data.SliceDataset/make_loader ({exc})") from exc
+    from medload.storage.store import open_store
+
+    store = open_store(prep.store if plane is None else prep.store_u8, cache="2GB")
+    ds = SliceDataset(store, context=1, plane=plane, labels=False, keys=[s.key for s in prep.series])
+    # the dataset has every slice of every series; a sampler picks the benchmark's samples, in order
+    position = {(ds.index.keys[s], int(z)): i for i, (s, z) in enumerate(zip(ds.index.series, ds.index.z))}
+    order = [position[(prep.series[s].key, int(z))] for s, z in zip(prep.series_index, prep.z)]
+    loader = make_loader(ds, batch_size=batch_size, num_workers=num_workers, device=device, shuffle=False,
+                         sampler=order, window=WINDOW.name if plane is None else None)
+    return _Images(loader)
+
+
+def medload_loader(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
+    return _medload(prep, batch_size, num_workers, device, plane=None)
+
+
+def medload_uint8(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
+    return _medload(prep, batch_size, num_workers, device, plane=WINDOW.name)
+
+
+# ---- the registry -------------------------------------------------------------------------------
+def _monai(name: str) -> Contender:
+    """A MONAI contender, imported when called (so the other contenders' processes never load MONAI)."""
+
+    def run(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
+        return getattr(import_module("medload.bench.monai_peers"), name)(prep, batch_size, num_workers, device)
+
+    run.__name__ = name
+    return run
+
+
+CONTENDERS: dict[str, Contender] = {
+    "monai_load_dicom": _monai("monai_load_dicom"),
+    "monai_cache_dataset": _monai("monai_cache_dataset"),
+    "monai_persistent_dataset": _monai("monai_persistent_dataset"),
+    "monai_lmdb_dataset": _monai("monai_lmdb_dataset"),
+    "npy_memmap": npy_memmap,
+    "medload": medload_loader,
+    "medload_uint8": medload_uint8,
+    "ceiling_float32": ceiling_float32,
+    "ceiling_int16": ceiling_int16,
+}
+"""Every contender by name, in table order."""
+
+CEILINGS = ("ceiling_float32", "ceiling_int16")
+"""Contenders without a DataLoader: their ``num_workers`` is a thread count."""
