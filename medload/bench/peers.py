@@ -28,12 +28,14 @@ folders, the medload stores ingested from them, and .npy volumes of the same HU.
   the medload store's LMDB (``txn.get`` + :func:`~medload.storage.codec.decode_value`, no checksum)
   into a reused buffer and windowed into a reused float32 batch; ``num_workers`` is its thread count
   (0 or 1: one thread; N: N threads, each filling its share of the batch). What any loader over the
-  store can reach.
+  store can reach without a cache of decoded slices. python-blosc2's ``decompress2`` holds the GIL
+  (two threads decode no faster than one), so threads speed up only the windowing.
 - ``ceiling_int16``: the same without the window: the int16 batch a GPU path would ship (windowing on
   the GPU). Its batches are int16 HU, not 0..1.
 - ``medload``: :class:`medload.data.SliceDataset` (HU int16, ``context=1``, every slice of the series;
   the benchmark's samples are picked by a sampler) and :func:`medload.data.make_loader` with the
-  soft-tissue window applied by the loader (on the device).
+  soft-tissue window applied by the loader (on the device). It reads through a 2 GB L1 of decoded
+  slices: once a pass has read the data, later passes are served from RAM, as CacheDataset's are.
 - ``medload_uint8``: the same reading the soft-tissue uint8 planes stored at ingest
   (``plane="soft_tissue"``); values are the stored planes / 255, within 0.5/255 of the float window.
 
