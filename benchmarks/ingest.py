@@ -53,9 +53,12 @@ def run_pydicom(src: Path, procs: int) -> None:
 
 
 def run_medload(src: Path, store: Path, workers: int, codec: str) -> None:
+    """What ``medload ingest`` does, allocator tuning of its own process included."""
+    from medload.allocator import keep_large_buffers_in_heap
     from medload.config import IngestConfig
     from medload.ingest import ingest
 
+    keep_large_buffers_in_heap()
     shutil.rmtree(store, ignore_errors=True)
     report = ingest(src, store, config=IngestConfig(workers=workers, codec=codec))
     if report.count("ingested") == 0:

@@ -8,6 +8,11 @@ loader several times slower than later ones. Raising the mmap threshold (``M_MMA
 its 32 MB maximum and the trim threshold (``M_TRIM_THRESHOLD``, -1) keeps such buffers in the heap for
 reuse, at the cost of the process keeping up to ~128 MB it freed. No effect where the C library is
 not glibc.
+
+Applied only in processes medload owns (the ``medload`` command, ingest workers): it changes malloc
+for the whole process, and with large allocations of varying lifetimes -- a training loop's float
+batches -- a fixed high threshold can let the heap grow to gigabytes of free but unreturned memory
+(seen here). The training loader avoids that churn by recycling its batch buffers instead.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from medload.allocator import keep_large_buffers_in_heap
 from medload.config import MedloadConfig, load_config, parse_size, with_overrides
 from medload.errors import MedloadError
 from medload.storage.codec import CODECS, DEFAULT_CODEC
@@ -276,6 +277,7 @@ def clear(config: MedloadConfig, hot_dir: Path | None, budget: str | None) -> No
 
 def main() -> None:
     """Entry point of the ``medload`` console script."""
+    keep_large_buffers_in_heap()  # our own process: slice-sized buffers are reused, not mapped anew each time
     try:
         cli(standalone_mode=False)
     except click.exceptions.Abort:

@@ -218,3 +218,37 @@ def test_slots_wrap_around_many_times_without_mixing_batches(built, method):
             assert np.array_equal(batch["image"][0].numpy(), ds[i]["image"].numpy().astype(np.float32))
             seen.append(i)
         assert sorted(seen) == list(range(15))
+
+
+def test_cpu_batches_reuse_buffers_the_caller_dropped_but_never_ones_it_holds(built):
+    path, by_key = built
+    ds = SliceDataset(open_store(path), context=1, keys=_keys_of(by_key, 9) + _keys_of(by_key, 6))
+    loader = make_loader(ds, batch_size=1, window="soft_tissue", shuffle=False)
+    addresses = set()
+    for batch in loader:  # each batch dropped before the next: a couple of buffers serve them all
+        addresses.add(batch["image"].data_ptr())
+    assert len(addresses) <= 2
+    held = list(loader)  # every batch kept: none may be overwritten by a later one
+    assert len({b["image"].data_ptr() for b in held}) == len(held) == 15
+    for b in held:
+        i = int(b["index"][0])
+        assert np.allclose(b["image"][0].numpy(), np.clip((ds[i]["image"].numpy() + 160) / 400, 0, 1), atol=1e-6)
+    view = held[0]["image"][:, :1]  # a view keeps its buffer alive too
+    del held
+    fresh = [b["image"].data_ptr() for b in loader]
+    assert view.data_ptr() not in fresh
+
+
+def test_monai_compose_presets_load_window_and_augment(built):
+    from medload.data.transforms import train_transforms, val_transforms
+
+    path, by_key = built
+    store = open_store(path)
+    key = _keys_of(by_key, 9)[0]
+    items = [it for it in store.items(context=1) if key in it["image"]]
+    val = val_transforms("soft_tissue", keys=("image",))(items[4])["image"]
+    hu = store.read(key, 3, 6).transpose(0, 2, 1).astype(np.float32)  # (channels, x, y)
+    assert val.shape == (3, 24, 20) and np.allclose(val.numpy(), np.clip((hu + 160) / 400, 0, 1), atol=1e-6)
+    first = train_transforms("soft_tissue", keys=("image",), seed=3)(items[4])["image"]
+    again = train_transforms("soft_tissue", keys=("image",), seed=3)(items[4])["image"]
+    assert first.shape == (3, 24, 20) and np.array_equal(first.numpy(), again.numpy())

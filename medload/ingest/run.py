@@ -23,7 +23,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from medload import windows as win
-from medload.allocator import keep_large_buffers_in_heap
 from medload.config import IngestConfig
 from medload.errors import ConfigError, InputProblem
 from medload.ingest.deid import Pseudonymizer, load_key
@@ -69,7 +68,6 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     key = load_key(key_file)
     pseudo = Pseudonymizer(key)
     report = IngestReport(store=str(store))
-    keep_large_buffers_in_heap()  # the writer puts slice-sized values too
     with _executor(cfg, key) as pool, StoreWriter(Path(store), codec=cfg.codec, windows=cfg.windows,
                                                   key_fingerprint=pseudo.fingerprint,
                                                   shard_bytes=cfg.shard_bytes) as writer:
@@ -111,7 +109,7 @@ def _noop() -> None:
 def _executor(cfg: IngestConfig, key: bytes) -> Iterator[Executor]:
     n = cfg.worker_count
     if n == 1:
-        init_worker(key, cfg)
+        init_worker(key, cfg, own_process=False)
         yield _InlineExecutor()
         return
     method = "fork" if sys.platform.startswith("linux") else "spawn"

@@ -77,11 +77,14 @@ class _State:
     cfg: IngestConfig = IngestConfig()
 
 
-def init_worker(key: bytes, cfg: IngestConfig) -> None:
-    """Process initializer: keep the key and settings for the tasks that follow."""
+def init_worker(key: bytes, cfg: IngestConfig, *, own_process: bool = True) -> None:
+    """Process initializer: keep the key and settings for the tasks that follow. In a process of our
+    own (a pool worker) also tune the allocator for slice-sized buffers (see :mod:`medload.allocator`);
+    the caller's process keeps its settings."""
     _State.pseudo = Pseudonymizer(key)
     _State.cfg = cfg
-    keep_large_buffers_in_heap()
+    if own_process:
+        keep_large_buffers_in_heap()
 
 
 def _sha256(ref: SourceRef) -> str | None:
