@@ -100,7 +100,7 @@ def test_transfer_syntaxes_decode_identically_and_collapse_to_one_slice(run_inge
     report, store = run_ingest(DATA / "transfer_syntaxes" / "In")
     (rec,) = store.series()
     assert rec.shape == (1, 384, 384) and rec.modality == "MR"
-    assert "duplicates_collapsed" in rec.flags and "single_slice" in rec.flags
+    assert "duplicates_collapsed" in rec.flags and "single_slice" in rec.flags and "mosaic" in rec.flags
     assert np.array_equal(store.read(rec.key)[0], planes[0])
 
 

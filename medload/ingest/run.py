@@ -324,11 +324,17 @@ def _commit(state: _SeriesInProgress, cfg: IngestConfig) -> None:
         slice_thickness=h.slice_thickness,
         scanner_windows=h.window,
         windows=cfg.windows,
-        flags=tuple(geom.flags + (["monochrome1"] if h.photometric == "MONOCHROME1" else [])),
+        flags=tuple(geom.flags + _header_flags(h)),
         padding_voxels=state.padding,
     )
     state.txn.commit(record, {"modality": h.modality, "study": h.study, "patient": h.patient,
                               "body_part": h.body_part})
+
+
+def _header_flags(h: SliceHeader) -> list[str]:
+    """Flags a reader should know about: MONOCHROME1 display polarity; a Siemens MOSAIC, whose tiles
+    are stored as the one 2-D image the file holds (not demosaiced into a volume)."""
+    return (["monochrome1"] if h.photometric == "MONOCHROME1" else []) + (["mosaic"] if "MOSAIC" in h.image_type else [])
 
 
 def _record_outcome(report: IngestReport, plan: _Plan, status: str, reason: str | None) -> None:
