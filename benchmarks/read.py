@@ -12,6 +12,7 @@ random (series, z) sequence in this one process, with the store's pages in the p
 - L3 read, verify=False: the same without checksums (their cost);
 - L2 hit: ``Store.read`` served from verified hot copies of the shards (no L1);
 - L1 hit: ``Store.read`` with every slice already in the in-process LRU;
+- L1 hit, out=: the same into a reused buffer (as the training loader reads, into its batch slots);
 - copy floor: three decoded slices, out of CPU cache, copied into a new array -- what any L1 hit that
   returns a fresh array must cost.
 """
@@ -114,6 +115,8 @@ def main() -> None:
             volume = l1.read(rec.key)
             decoded.update({(rec.key, z): volume[z].copy() for z in range(rec.shape[0])})
 
+        reused = np.empty(shape, dtype=np.int16)
+
         def copy_floor(key: str, z: int) -> None:
             out = np.empty(shape, dtype=np.int16)
             for i in range(3):
@@ -125,6 +128,7 @@ def main() -> None:
             "L3 read, verify=False": lambda k, z: l3.read(k, z, z + 3, verify=False),
             "L2 hit (hot copy)": lambda k, z: hot.read(k, z, z + 3),
             "L1 hit": lambda k, z: l1.read(k, z, z + 3),
+            "L1 hit, out= reused buffer": lambda k, z: l1.read(k, z, z + 3, out=reused),
             "copy floor (3 decoded slices)": copy_floor,
         }
         rows = []
