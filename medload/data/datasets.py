@@ -37,20 +37,44 @@ class _StoreDataset(torch.utils.data.Dataset):
                  labels: bool | None) -> None:
         if not records:
             raise ConfigError(f"no series of {store.path} match the dataset's filters: check them with `medload ls`")
-        have_labels = [r.label_dtype is not None for r in records]
-        if labels is True and not all(have_labels):
-            raise ConfigError(f"{have_labels.count(False)} of {len(records)} series have no labels; "
+        label_records = [store.labels(r.key) for r in records]
+        missing = sum(lab is None for lab in label_records)
+        if labels is True and missing:
+            raise ConfigError(f"{missing} of {len(records)} series have no labels; "
                               "filter them out (keys=...) or ingest their labels")
         self.store = store
         self.index = index
         self.plane = None if plane is None else win.get(plane).name
-        self.labels = all(have_labels) if labels is None else labels
+        self.labels = missing == 0 if labels is None else labels
         by_key = {r.key: r for r in records}
         self._records = [by_key[k] for k in index.keys]
         self._affines = np.stack([np.asarray(r.affine, dtype=np.float64) for r in self._records])
         self._hw = np.array([r.shape[1:] for r in self._records], dtype=np.int32)
         self.dtype = store.plane_dtype(records[0].key, self.plane)
-        self.label_dtype = np.dtype(records[0].label_dtype) if self.labels else None
+        self._label_records = {lab.key: lab for lab in label_records if lab is not None}
+        self.label_dtype = (np.result_type(*(np.dtype(lab.dtype) for lab in self._label_records.values()))
+                            if self.labels else None)
+        self.foreground = self._foreground() if self.labels else None
+
+    def _slice_foreground(self, key: str) -> np.ndarray:
+        """Per slice of a series: whether its label has any foreground voxel."""
+        return np.asarray(self._label_records[key].foreground, dtype=np.int64).reshape(-1, max(
+            1, len(self._label_records[key].classes))).sum(axis=1) > 0
+
+    def _foreground(self) -> np.ndarray:
+        """Per sample: whether its label has foreground (what :class:`ForegroundSampler` draws on)."""
+        out = np.zeros(len(self.index), dtype=bool)
+        for s, key in enumerate(self.index.keys):
+            rows = np.flatnonzero(self.index.series == s)
+            out[rows] = self._sample_foreground(self._slice_foreground(key), self.index.z[rows])
+        return out
+
+    def _read_label(self, rec: SeriesRecord, z0: int, z1: int, out: np.ndarray) -> None:
+        """Labels of one series into ``out`` (cast when series' label dtypes differ)."""
+        if np.dtype(self._label_records[rec.key].dtype) == out.dtype:
+            self.store.read_label(rec.key, z0, z1, out=out)
+        else:
+            out[...] = self.store.read_label(rec.key, z0, z1)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -127,8 +151,8 @@ class SliceDataset(_StoreDataset):
         if context < 0:
             raise ConfigError(f"context must be >= 0 neighbours, got {context}")
         records = select_series(store.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
-        super().__init__(store, records, slice_index(records), plane=plane, labels=labels)
         self.context = context
+        super().__init__(store, records, slice_index(records), plane=plane, labels=labels)
 
     @property
     def channels(self) -> int:
@@ -142,6 +166,10 @@ class SliceDataset(_StoreDataset):
         out[:, 0], out[:, 1], out[:, 2] = a[:, 1], a[:, 0], a[:, 2]  # rows, columns, slices
         out[:3, 3] = (a @ np.array([0.0, 0.0, z, 1.0]))[:3]
         return out
+
+    @staticmethod
+    def _sample_foreground(per_slice: np.ndarray, z: np.ndarray) -> np.ndarray:
+        return per_slice[z]  # the label is the centre slice's
 
     def _item_shape(self, h: int, w: int) -> tuple[int, ...]:
         return (2 * self.context + 1, h, w)
@@ -160,7 +188,7 @@ class SliceDataset(_StoreDataset):
             image[b, :lo] = image[b, lo]                        # replicate the first slice
             image[b, lo + e - a :] = image[b, lo + e - a - 1]   # replicate the last slice
             if label is not None:
-                self.store.read_label(rec.key, z, z + 1, out=label[b])
+                self._read_label(rec, z, z + 1, label[b])
 
 
 class SlabDataset(_StoreDataset):
@@ -176,8 +204,8 @@ class SlabDataset(_StoreDataset):
                  keys: Sequence[str] | None = None) -> None:
         records = select_series(store.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
         records = [r for r in records if r.shape[0] >= depth]
-        super().__init__(store, records, slab_index(records, depth, stride or depth), plane=plane, labels=labels)
         self.depth = depth
+        super().__init__(store, records, slab_index(records, depth, stride or depth), plane=plane, labels=labels)
 
     def item_affine(self, i: int) -> np.ndarray:
         """Maps (slice, row, column) of item ``i`` (its first slice is z) to RAS mm."""
@@ -187,6 +215,10 @@ class SlabDataset(_StoreDataset):
         out[:, 0], out[:, 1], out[:, 2] = a[:, 2], a[:, 1], a[:, 0]  # slices, rows, columns
         out[:3, 3] = (a @ np.array([0.0, 0.0, z, 1.0]))[:3]
         return out
+
+    def _sample_foreground(self, per_slice: np.ndarray, z: np.ndarray) -> np.ndarray:
+        cumulative = np.concatenate([[0], np.cumsum(per_slice)])
+        return cumulative[z + self.depth] - cumulative[z] > 0  # any labelled slice in the slab
 
     def _item_shape(self, h: int, w: int) -> tuple[int, ...]:
         return (1, self.depth, h, w)
@@ -199,4 +231,4 @@ class SlabDataset(_StoreDataset):
             rec, z = self._sample(i)
             self.store.read(rec.key, z, z + self.depth, window=self.plane, out=image[b, 0])
             if label is not None:
-                self.store.read_label(rec.key, z, z + self.depth, out=label[b, 0])
+                self._read_label(rec, z, z + self.depth, label[b, 0])

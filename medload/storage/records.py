@@ -6,7 +6,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-__all__ = ["SeriesRecord", "RejectRecord"]
+__all__ = ["SeriesRecord", "LabelRecord", "RejectRecord"]
 
 _RECORD_FORMAT = 1
 
@@ -50,7 +50,6 @@ class SeriesRecord:
     windows: tuple[str, ...] = ()
     flags: tuple[str, ...] = ()
     padding_voxels: int = 0
-    label_dtype: str | None = None
     format: int = _RECORD_FORMAT
 
     def to_dict(self) -> dict:
@@ -72,6 +71,46 @@ class SeriesRecord:
     @property
     def key_bytes(self) -> bytes:
         return bytes.fromhex(self.key)
+
+
+@dataclass(frozen=True)
+class LabelRecord:
+    """The label map of a series: stored under the series' slice keys in the ``labels`` sub-database
+    of ``shard`` (the series' own shard, or a later one when labels came after the images).
+
+    ``classes`` maps class id (as text, JSON keys) to name; ``foreground[z][c]`` counts the voxels of
+    the c-th class (in ascending id order) on slice z -- what the foreground-balanced sampler uses.
+    ``source_fingerprint`` identifies the label input, so re-ingesting it adds nothing.
+    """
+
+    key: str
+    dtype: str
+    classes: dict[str, str]
+    foreground: tuple[tuple[int, ...], ...]
+    kind: str
+    source: str
+    source_fingerprint: str
+    digest: str
+    resampled: bool = False
+    notes: tuple[str, ...] = ()
+    shard: str = ""
+    format: int = _RECORD_FORMAT
+
+    def to_json(self) -> bytes:
+        """The stored form (without ``shard``)."""
+        doc = asdict(self)
+        del doc["shard"]
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> LabelRecord:
+        doc = json.loads(data)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: (v if k == "classes" else _tuples(v)) for k, v in doc.items() if k in known})
+
+    @property
+    def class_ids(self) -> list[int]:
+        return sorted(int(c) for c in self.classes)
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,12 @@ import lmdb
 
 from medload.errors import StoreError
 
-__all__ = ["SLICES", "LABELS", "SERIES", "REJECTS", "INDEXES", "window_db", "open_write_env", "open_read_env",
+__all__ = ["SLICES", "LABELS", "LABEL_SERIES", "SERIES", "REJECTS", "INDEXES", "window_db", "open_write_env", "open_read_env",
            "reader_env", "close_reader_envs", "env_bytes", "open_dbs"]
 
 SLICES = b"slices"
 LABELS = b"labels"
+LABEL_SERIES = b"label_series"
 SERIES = b"series"
 REJECTS = b"rejects"
 #: index sub-databases: an attribute value -> series keys (sorted duplicates)

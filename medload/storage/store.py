@@ -28,7 +28,7 @@ from medload.storage import shard as sh
 from medload.storage.codec import decode_value, value_shape
 from medload.storage.keys import SERIES_KEY_BYTES, slice_key, split_slice_key
 from medload.storage.manifest import Manifest, ShardEntry, read_manifest, shard_path
-from medload.storage.records import RejectRecord, SeriesRecord
+from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 
 __all__ = ["Store", "open_store"]
 
@@ -68,6 +68,7 @@ class Store:
         self.manifest: Manifest = read_manifest(self.path)
         self._entries = {s.name: s for s in self.manifest.shards}
         self._records: dict[bytes, SeriesRecord] | None = None
+        self._labels: dict[bytes, LabelRecord] | None = None
         self._tiers = ShardResolver(self.path, self.cache)
 
     # ---- pickling, refresh, close -----------------------------------------------------------
@@ -82,6 +83,7 @@ class Store:
         self.manifest = read_manifest(self.path)
         self._entries = {s.name: s for s in self.manifest.shards}
         self._records = None
+        self._labels = None
 
     def close(self) -> None:
         """Close this process's LMDB handles on the store's shards (other Store objects of the same
@@ -104,6 +106,23 @@ class Store:
                         records[bytes(k)] = replace(SeriesRecord.from_json(bytes(v)), shard=entry.name)
             self._records = dict(sorted(records.items()))
         return self._records
+
+    def _all_labels(self) -> dict[bytes, LabelRecord]:
+        if self._labels is None:
+            labels: dict[bytes, LabelRecord] = {}
+            for entry in self.manifest.shards:
+                env = self._meta_env(entry.name)
+                with env.begin(buffers=True) as txn:
+                    dbs = sh.open_dbs(env, [sh.LABEL_SERIES], create=False, txn=txn)
+                    if sh.LABEL_SERIES in dbs:
+                        for k, v in txn.cursor(db=dbs[sh.LABEL_SERIES]):
+                            labels[bytes(k)] = replace(LabelRecord.from_json(bytes(v)), shard=entry.name)
+            self._labels = labels
+        return self._labels
+
+    def labels(self, key: str | bytes) -> LabelRecord | None:
+        """The label record of a series (classes, per-slice foreground counts, source), or None."""
+        return self._all_labels().get(self.record(key).key_bytes)
 
     def series(self) -> list[SeriesRecord]:
         """Records of every stored volume, sorted by key."""
@@ -201,14 +220,16 @@ class Store:
 
     def read_label(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, verify: bool | None = None,
                    out: np.ndarray | None = None) -> np.ndarray:
-        """The label map of slices ``z0 <= z < z1``, aligned voxel for voxel with :meth:`read`."""
+        """The label map of slices ``z0 <= z < z1``, aligned voxel for voxel with :meth:`read`
+        (uint8, or uint16 beyond 255 classes; 0 is background; see :meth:`labels` for class names)."""
         rec = self.record(key)
-        if rec.label_dtype is None:
+        label = self._all_labels().get(rec.key_bytes)
+        if label is None:
             raise ConfigError(f"series {rec.key[:12]} has no labels: ingest them with `medload ingest ... --labels`")
-        return self._read(rec, sh.LABELS, np.dtype(rec.label_dtype), z0, z1, verify, out)
+        return self._read(rec, sh.LABELS, np.dtype(label.dtype), z0, z1, verify, out, shard=label.shard)
 
     def _read(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None,
-              verify: bool | None, out: np.ndarray | None = None) -> np.ndarray:
+              verify: bool | None, out: np.ndarray | None = None, shard: str | None = None) -> np.ndarray:
         depth = rec.shape[0]
         z1 = depth if z1 is None else z1
         if not 0 <= z0 < z1 <= depth:
@@ -219,7 +240,7 @@ class Store:
             out = np.empty(shape, dtype=dtype)
         elif out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
             raise ConfigError(f"out has shape {out.shape} {out.dtype}; reading needs a C-contiguous {shape} {dtype} array")
-        entry = self._entries[rec.shard]
+        entry = self._entries[shard or rec.shard]
         key = rec.key_bytes
         lru = shared_lru(self.cache.l1_bytes) if self.cache.l1_bytes else None
         missing = list(range(z0, z1))

@@ -37,7 +37,7 @@ from medload.storage import shard as sh
 from medload.storage.keys import slice_key
 from medload.storage.manifest import (Manifest, ShardEntry, file_digest, fsync_dir, read_manifest, shard_path,
                                     staging_path, write_file_atomic, write_manifest)
-from medload.storage.records import RejectRecord, SeriesRecord
+from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 
 __all__ = ["StoreWriter", "SeriesTransaction"]
 
@@ -56,7 +56,8 @@ def _boot_id() -> str | None:
 
 
 class SeriesTransaction:
-    """Puts of one series into the current staging shard; nothing is visible until :meth:`commit`."""
+    """Puts of one series (its slices, planes, labels, record, index entries) -- or of the labels of a
+    series stored earlier -- into the current staging shard; nothing is visible until :meth:`commit`."""
 
     def __init__(self, writer: StoreWriter, key: bytes, txn: lmdb.Transaction) -> None:
         self._writer, self._key, self._txn = writer, key, txn
@@ -68,16 +69,23 @@ class SeriesTransaction:
         for name, plane in (windows or {}).items():
             self._txn.put(k, plane, db=dbs[sh.window_db(name)])
 
-    def commit(self, record: SeriesRecord, index: dict[str, str | None]) -> None:
-        """Write the record and index entries, and commit."""
+    def put_label_slice(self, z: int, value: bytes) -> None:
+        self._txn.put(slice_key(self._key, z), value, db=self._writer._dbs[sh.LABELS])
+
+    def commit(self, record: SeriesRecord | None = None, index: dict[str, str | None] | None = None,
+               label: LabelRecord | None = None) -> None:
+        """Write the series record and index entries and/or the label record, and commit."""
         w = self._writer
-        self._txn.put(self._key, record.to_json(), db=w._dbs[sh.SERIES])
-        for field_name, value in index.items():
+        if record is not None:
+            self._txn.put(self._key, record.to_json(), db=w._dbs[sh.SERIES])
+        for field_name, value in (index or {}).items():
             if value:
                 self._txn.put(value.encode(), self._key, db=w._dbs[sh.INDEXES[field_name]], dupdata=True)
+        if label is not None:
+            self._txn.put(self._key, label.to_json(), db=w._dbs[sh.LABEL_SERIES])
         self._txn.commit()
         self._txn = None
-        w._series_committed(self._key, record)
+        w._committed(self._key, record, label)
 
     def abort(self) -> None:
         if self._txn is not None:
@@ -106,6 +114,7 @@ class StoreWriter:
             self.manifest = self._open_or_create(codec, windows, key_fingerprint)
             self._recover()
             self.series_fingerprints: dict[bytes, str] = {}
+            self.label_fingerprints: dict[bytes, str] = {}
             self.reject_keys: set[bytes] = set()
             self._load_known()
         except BaseException:
@@ -114,7 +123,6 @@ class StoreWriter:
         self._env: lmdb.Environment | None = None
         self._dbs: dict = {}
         self._staging_name = ""
-        self._staging_series = 0
 
     # ---- lifecycle -------------------------------------------------------------------------
     def _acquire_lock(self) -> int:
@@ -176,24 +184,27 @@ class StoreWriter:
                 continue
             env = sh.open_write_env(path, map_size=_MAP_HEADROOM, sync=True)
             try:
-                n = _count_series(env)
+                n = _count(env, sh.SERIES, sh.LABEL_SERIES, sh.REJECTS)
                 env.sync(True)
             finally:
                 env.close()
             if n == 0:
                 shutil.rmtree(path)
                 continue
-            log.warning("publishing %d committed series left in staging shard %s by an interrupted ingest", n, name)
+            log.warning("publishing %d committed records left in staging shard %s by an interrupted ingest", n, name)
             self._publish_path(name, path)
 
     def _load_known(self) -> None:
         for entry in self.manifest.shards:
             env = sh.reader_env(shard_path(self.root, entry.name))
             with env.begin() as txn:
-                dbs = sh.open_dbs(env, [sh.SERIES, sh.REJECTS], create=False, txn=txn)
+                dbs = sh.open_dbs(env, [sh.SERIES, sh.LABEL_SERIES, sh.REJECTS], create=False, txn=txn)
                 if sh.SERIES in dbs:
                     for k, v in txn.cursor(db=dbs[sh.SERIES]):
                         self.series_fingerprints[bytes(k)] = SeriesRecord.from_json(v).source_fingerprint
+                if sh.LABEL_SERIES in dbs:
+                    for k, v in txn.cursor(db=dbs[sh.LABEL_SERIES]):
+                        self.label_fingerprints[bytes(k)] = LabelRecord.from_json(v).source_fingerprint
                 if sh.REJECTS in dbs:
                     self.reject_keys.update(bytes(k) for k in txn.cursor(db=dbs[sh.REJECTS]).iternext(values=False))
 
@@ -216,6 +227,15 @@ class StoreWriter:
         """Start the one write transaction of series ``key``; reserve map space for it first."""
         if key in self.series_fingerprints:
             raise StoreError(f"series {key.hex()} is already in {self.root}; it is never written twice")
+        return self._begin(estimated_bytes, key)
+
+    def begin_labels(self, key: bytes, estimated_bytes: int) -> SeriesTransaction:
+        """Start the write transaction of the labels of series ``key``, stored earlier."""
+        if key not in self.series_fingerprints or key in self.label_fingerprints:
+            raise StoreError(f"series {key.hex()} is not in {self.root} or already has labels")
+        return self._begin(estimated_bytes, key)
+
+    def _begin(self, estimated_bytes: int, key: bytes) -> SeriesTransaction:
         env = self._staging_env()
         needed = sh.env_bytes(env) + 2 * estimated_bytes + _MAP_HEADROOM
         if env.info()["map_size"] < needed:
@@ -242,15 +262,16 @@ class StoreWriter:
             self._env = sh.open_write_env(path, map_size=self.shard_bytes + _MAP_HEADROOM, sync=boot is None)
             if boot is not None:
                 write_file_atomic(path / "boot_id", boot.encode())
-            names = [sh.SLICES, sh.LABELS, sh.SERIES, sh.REJECTS, *sh.INDEXES.values()]
+            names = [sh.SLICES, sh.LABELS, sh.LABEL_SERIES, sh.SERIES, sh.REJECTS, *sh.INDEXES.values()]
             names += [sh.window_db(w) for w in self.manifest.windows]
             self._dbs = sh.open_dbs(self._env, names, create=True)
-            self._staging_series = 0
         return self._env
 
-    def _series_committed(self, key: bytes, record: SeriesRecord) -> None:
-        self.series_fingerprints[key] = record.source_fingerprint
-        self._staging_series += 1
+    def _committed(self, key: bytes, record: SeriesRecord | None, label: LabelRecord | None) -> None:
+        if record is not None:
+            self.series_fingerprints[key] = record.source_fingerprint
+        if label is not None:
+            self.label_fingerprints[key] = label.source_fingerprint
         if sh.env_bytes(self._env) >= self.shard_bytes:
             self._publish_current()
 
@@ -272,14 +293,15 @@ class StoreWriter:
         log.info("published shard %s", name)
 
     def _add_to_manifest(self, name: str, path: Path) -> None:
-        n = _count_series(sh.reader_env(path))
+        n = _count(sh.reader_env(path), sh.SERIES)
         data = path / "data.mdb"
         self.manifest.shards.append(ShardEntry(name=name, series=n, bytes=data.stat().st_size,
                                                digest=file_digest(data)))
         write_manifest(self.root, self.manifest)
 
 
-def _count_series(env: lmdb.Environment) -> int:
+def _count(env: lmdb.Environment, *names: bytes) -> int:
+    """Entries in these sub-databases together."""
     with env.begin() as txn:
-        dbs = sh.open_dbs(env, [sh.SERIES], create=False, txn=txn)
-        return txn.stat(dbs[sh.SERIES])["entries"] if sh.SERIES in dbs else 0
+        dbs = sh.open_dbs(env, list(names), create=False, txn=txn)
+        return sum(txn.stat(db)["entries"] for db in dbs.values())
