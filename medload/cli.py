@@ -59,20 +59,37 @@ def cli(ctx: click.Context, verbose: int, config_file: Path | None) -> None:
 @click.option("--key-file", type=click.Path(path_type=Path), default=None,
               help="Pseudonymisation key (default $MEDLOAD_KEY_FILE or ~/.config/medload/pseudonym.key).")
 @click.option("--strict", is_flag=True, default=None, help="Exit 1 if any input was rejected.")
+@click.option("--labels", "label_paths", multiple=True, type=click.Path(exists=True, path_type=Path),
+              help="Label masks (NIfTI/NRRD named after the SeriesInstanceUID or a key prefix), SEG/RTSTRUCT files, "
+                   "or a mapping file (CSV/JSON with series,label). Repeatable. SEG/RTSTRUCT among SOURCES pair "
+                   "with their series by themselves.")
+@click.option("--roi-map", type=click.Path(exists=True, path_type=Path), default=None,
+              help='JSON {"class": ["ROI name", ...]} giving RTSTRUCT ROIs consistent class ids.')
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.pass_obj
 def ingest(config: MedloadConfig, sources: tuple[Path, ...], store: Path, workers: int | None, windows: str | None,
            codec: str | None, tilt_policy: str | None, shard_size: str | None, key_file: Path | None,
-           strict: bool | None, no_progress: bool) -> None:
+           strict: bool | None, label_paths: tuple[Path, ...], roi_map: Path | None, no_progress: bool) -> None:
     """Ingest DICOM files, folders and zip/tar archives (SOURCES) into STORE."""
     from medload.ingest.run import ingest as run_ingest
 
     cfg = with_overrides(config.ingest, workers=workers, codec=codec, tilt_policy=tilt_policy,
                          windows=None if windows is None else tuple(w for w in windows.split(",") if w),
                          shard_bytes=_size(shard_size), strict=strict or None)
-    report = run_ingest(list(sources), store, config=cfg, key_file=key_file, progress=not no_progress)
+    report = run_ingest(list(sources), store, config=cfg, key_file=key_file, progress=not no_progress,
+                        labels=label_paths, roi_map=_read_roi_map(roi_map))
     _print_ingest_summary(report)
     sys.exit(report.exit_code(cfg.strict))
+
+
+def _read_roi_map(path: Path | None) -> dict[str, list[str]] | None:
+    if path is None:
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        return {str(name): [str(a) for a in aliases] for name, aliases in doc.items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise click.BadParameter(f'{path} must hold {{"class": ["ROI name", ...]}} ({exc})') from None
 
 
 def _print_ingest_summary(report) -> None:
@@ -89,6 +106,10 @@ def _print_ingest_summary(report) -> None:
         for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
             example = next(r.source for r in files if r.status == status and r.reason == reason)
             _out.print(f"  {status} {n} file(s): {reason}  [e.g. {example}]")
+    for outcome in report.labels:
+        where = f"series {_short(outcome.key)}" if outcome.key else "no series"
+        detail = ", ".join(outcome.classes) if outcome.classes else (outcome.reason or "")
+        _out.print(f"  label {outcome.status}: {outcome.source} ({outcome.kind}) -> {where}: {detail}")
     c = report.counts
     _out.print(
         f"[bold]{c['ingested']} ingested, {c['present']} already present, {c['skipped']} skipped, "
@@ -143,12 +164,13 @@ def ls_(store: Path, as_json: bool) -> None:
 @click.argument("store", type=click.Path(exists=True, path_type=Path))
 @click.argument("key")
 @click.argument("out", type=click.Path(path_type=Path))
-def export(store: Path, key: str, out: Path) -> None:
+@click.option("--label", is_flag=True, help="Export the series' label map instead of its image.")
+def export(store: Path, key: str, out: Path, label: bool) -> None:
     """Write series KEY (a unique key prefix is enough) of STORE as NIfTI to OUT (.nii or .nii.gz)."""
     from medload.storage.nifti import export_nifti
     from medload.storage.store import open_store
 
-    path = export_nifti(open_store(store), key, out)
+    path = export_nifti(open_store(store), key, out, label=label)
     _out.print(f"wrote {path}")
 
 

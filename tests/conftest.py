@@ -73,7 +73,8 @@ def slice_header(position, orientation=AXIAL, *, name: str = "slice.dcm", instan
     """A plausible CT slice header at ``position`` (LPS mm); only geometry fields matter here."""
     return SliceHeader(
         ref=SourceRef(path=f"/data/{name}", member=None, size=1000),
-        frame=frame, sop_class="1.2.840.10008.5.1.4.1.1.2", instance=instance, series="series", study="study",
+        frame=frame, sop_class="1.2.840.10008.5.1.4.1.1.2", instance=instance, series="series", frame_of_reference="for",
+        study="study",
         patient="patient", modality="CT", image_type=("ORIGINAL", "PRIMARY", "AXIAL"), rows=4, cols=5,
         samples_per_pixel=1, photometric="MONOCHROME2", bits_allocated=16, bits_stored=12, high_bit=11,
         pixel_representation=0, slope=1.0, intercept=-1024.0, has_rescale=True, padding_value=None,

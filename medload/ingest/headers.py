@@ -25,6 +25,7 @@ from medload.errors import InputProblem
 from medload.ingest import tags
 from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import SourceRef, open_source, read_source
+from medload.ingest.labels import LABEL_SOP_CLASSES, LabelInput, label_input_from_dataset
 from medload.ingest.planes import frame_plane_fields, has_functional_groups, plane_fields
 
 __all__ = ["SliceHeader", "read_headers", "VOLUME_SOP_CLASSES", "NATIVE_SYNTAXES"]
@@ -55,6 +56,7 @@ class SliceHeader:
     sop_class: str
     instance: str                # pseudonym of SOPInstanceUID
     series: str                  # pseudonym of SeriesInstanceUID
+    frame_of_reference: str      # pseudonym of FrameOfReferenceUID ("" if absent)
     study: str
     patient: str
     modality: str
@@ -95,14 +97,17 @@ class SliceHeader:
         return self.rows * self.cols * self.samples_per_pixel * (self.bits_allocated // 8)
 
 
-def read_headers(ref: SourceRef, pseudo: Pseudonymizer, cfg: IngestConfig) -> list[SliceHeader]:
-    """Parse one file's header; one SliceHeader per image plane. Raises :class:`InputProblem`."""
+def read_headers(ref: SourceRef, pseudo: Pseudonymizer, cfg: IngestConfig) -> list[SliceHeader] | LabelInput:
+    """Parse one file's header: one SliceHeader per image plane, or the LabelInput of a SEG/RTSTRUCT.
+    Raises :class:`InputProblem`."""
     with _open(ref) as fp:
         ds = _parse(fp)
         pixel_pos = fp.tell()
         sop_class = str(ds.get("SOPClassUID", "") or getattr(ds.file_meta, "MediaStorageSOPClassUID", "") or "")
         if not sop_class:
             raise InputProblem("header", "no SOPClassUID (0008,0016): not a DICOM image")
+        if sop_class in LABEL_SOP_CLASSES:
+            return label_input_from_dataset(ds, ref, sop_class, pseudo)
         if sop_class not in VOLUME_SOP_CLASSES:
             raise InputProblem("header", f"{UID(sop_class).name} ({sop_class}) is not a CT/MR/PET volume image",
                                skipped=True)
@@ -212,6 +217,7 @@ def _base_fields(ds: Dataset, ref: SourceRef, pseudo: Pseudonymizer, sop_class: 
         sop_class=sop_class,
         instance=pseudo.uid("instance", tags.text(ds, "SOPInstanceUID") or ref.display),
         series=pseudo.uid("series", series_uid),
+        frame_of_reference=_pseudonym_or_empty(pseudo, "frame_of_reference", tags.text(ds, "FrameOfReferenceUID")),
         study=pseudo.uid("study", tags.text(ds, "StudyInstanceUID") or ""),
         patient=pseudo.patient(tags.text(ds, "PatientID") or "", tags.text(ds, "IssuerOfPatientID") or ""),
         modality=(tags.text(ds, "Modality") or "").upper(),
@@ -237,3 +243,7 @@ def _base_fields(ds: Dataset, ref: SourceRef, pseudo: Pseudonymizer, sop_class: 
         window=tags.window_pairs(ds),
     )
 
+
+
+def _pseudonym_or_empty(pseudo: Pseudonymizer, kind: str, uid: str | None) -> str:
+    return pseudo.uid(kind, uid) if uid else ""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from medload.storage.records import RejectRecord
 
-__all__ = ["SeriesOutcome", "IngestReport"]
+__all__ = ["SeriesOutcome", "LabelOutcome", "IngestReport"]
 
 STATUSES = ("ingested", "present", "skipped", "rejected", "conflict")
 
@@ -26,6 +26,19 @@ class SeriesOutcome:
     reason: str | None = None
 
 
+@dataclass(frozen=True)
+class LabelOutcome:
+    """One label input: ``ingested`` onto series ``key``, ``present`` (stored before), ``conflict``
+    (the series has a different label) or ``rejected`` (with the reason)."""
+
+    key: str | None
+    source: str
+    status: str
+    kind: str
+    classes: tuple[str, ...] = ()
+    reason: str | None = None
+
+
 @dataclass
 class IngestReport:
     """Summary of :func:`medload.ingest.ingest`; ``exit_code`` is what the CLI returns."""
@@ -33,6 +46,7 @@ class IngestReport:
     store: str
     series: list[SeriesOutcome] = field(default_factory=list)
     rejects: list[RejectRecord] = field(default_factory=list)   # every quarantine record of this run
+    labels: list[LabelOutcome] = field(default_factory=list)
     files: int = 0
     bytes: int = 0
     slices_written: int = 0

@@ -29,13 +29,18 @@ from medload.ingest.deid import Pseudonymizer, load_key
 from medload.ingest.discover import DiscoveryProblem, SourceRef, discover
 from medload.ingest.geometry import Geometry, plan_geometry
 from medload.ingest.headers import SliceHeader
+from medload.ingest.label_writer import LabelAssigner
+from medload.ingest.labels import LabelInput, label_inputs_from_path
 from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.ring import SliceRing
 from medload.ingest.series import SeriesCandidate, group_series
 from medload.ingest.worker import DecodeChunk, EncodedSlice, Failure, decode_chunk, header_batch, init_worker
 from medload.progress import progress_bar
+from medload.labels.grid import SeriesGrid
+from medload.storage.codec import get_codec
 from medload.storage.digest import series_digest
 from medload.storage.records import RejectRecord, SeriesRecord
+from medload.storage.store import open_store
 from medload.storage.writer import SeriesTransaction, StoreWriter
 
 __all__ = ["ingest"]
@@ -47,11 +52,16 @@ _CHUNK_BYTES = 8 << 20
 
 
 def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, config: IngestConfig | None = None,
-           key_file: str | Path | None = None, progress: bool = False) -> IngestReport:
+           key_file: str | Path | None = None, progress: bool = False, labels: Sequence[str | Path] = (),
+           roi_map: dict[str, list[str]] | None = None) -> IngestReport:
     """Ingest DICOM files, folders and zip/tar archives into the store at ``store``.
 
     Bad inputs never stop the run: they are quarantined in the store's ``rejects`` with a reason, and
     counted in the returned report. Re-running on the same sources adds nothing.
+
+    Labels: DICOM SEG and RTSTRUCT among the sources pair with the series they reference; ``labels``
+    adds folders of masks or SEG/RTSTRUCT files, or mapping files (see :mod:`medload.ingest.labels`);
+    ``roi_map`` (``{"liver": ["Liver", "LIVER_1"]}``) gives RTSTRUCT ROIs consistent class ids.
 
     Example:
         >>> report = ingest("sample_data/philips_ct_head/dicom", "stores/sample")  # doctest: +SKIP
@@ -76,10 +86,23 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
             shutil.rmtree(old, ignore_errors=True)
         spool = Path(tempfile.mkdtemp(prefix="spool-", dir=staging))
         try:
-            refs = _discover(sources, spool, report)
-            headers = _header_pass(pool, refs, report, progress)
-            plans = _plan(group_series(headers), writer, cfg, report)
-            _decode_and_write(pool, writer, plans, cfg, report, progress)
+            label_inputs, label_files = [], []
+            for path in labels:
+                masks, dicom = label_inputs_from_path(path, pseudo)
+                label_inputs += masks
+                label_files += dicom
+            refs = _discover(sources, spool, report) + label_files
+            headers = _header_pass(pool, refs, report, progress, label_inputs)
+            candidates = group_series(headers)
+            plans = _plan(candidates, writer, cfg, report)
+            assigner = None
+            if label_inputs:
+                stored = {r.key_bytes: r for r in open_store(writer.root).series()} if writer.manifest.shards else {}
+                assigner = LabelAssigner(label_inputs, candidates, stored, writer, pseudo, roi_map,
+                                         get_codec(writer.manifest.codec), report)
+            _decode_and_write(pool, writer, plans, cfg, report, progress, assigner)
+            if assigner is not None:
+                assigner.write_stored()
             writer.put_rejects(report.rejects)
         finally:
             shutil.rmtree(spool, ignore_errors=True)
@@ -155,7 +178,9 @@ def _discover(sources, spool: Path, report: IngestReport) -> list[SourceRef]:
     return refs
 
 
-def _header_pass(pool: Executor, refs: list[SourceRef], report: IngestReport, progress: bool) -> list[SliceHeader]:
+def _header_pass(pool: Executor, refs: list[SourceRef], report: IngestReport, progress: bool,
+                 label_inputs: list[LabelInput]) -> list[SliceHeader]:
+    """Image planes of every input; SEG/RTSTRUCT objects are added to ``label_inputs``."""
     batches = [refs[i : i + _HEADER_BATCH] for i in range(0, len(refs), _HEADER_BATCH)]
     headers: list[SliceHeader] = []
     with progress_bar("reading headers", len(refs), enabled=progress) as advance:
@@ -165,6 +190,8 @@ def _header_pass(pool: Executor, refs: list[SourceRef], report: IngestReport, pr
                 if isinstance(res, Failure):
                     report.rejects.append(RejectRecord("skipped" if res.skipped else "rejected", res.stage,
                                                        res.reason, res.source, res.sha256))
+                elif isinstance(res, LabelInput):
+                    label_inputs.append(res)
                 else:
                     headers.extend(res)
             advance(len(results))
@@ -230,7 +257,7 @@ class _SeriesInProgress:
 
 
 def _decode_and_write(pool: Executor, writer: StoreWriter, plans: list[_Plan], cfg: IngestConfig,
-                      report: IngestReport, progress: bool) -> None:
+                      report: IngestReport, progress: bool, labels: LabelAssigner | None) -> None:
     chunks = list(_chunks(plans))
     if not chunks:
         return
@@ -259,7 +286,7 @@ def _decode_and_write(pool: Executor, writer: StoreWriter, plans: list[_Plan], c
                     current = _SeriesInProgress(plan, writer.begin_series(plan.cand.key, _estimate(plan, cfg)))
                 _put(current, result, ring)
                 if chunk.z0 + len(chunk.slots) == len(plan.geom.slots):
-                    _commit(current, cfg)
+                    _commit(current, cfg, labels)
                     report.slices_written += len(plan.geom.slots)
                     _record_outcome(report, plan, "ingested", None)
                     current = None
@@ -296,7 +323,8 @@ def _put(state: _SeriesInProgress, slices: list[EncodedSlice], ring: SliceRing |
         state.padding += s.padding
 
 
-def _commit(state: _SeriesInProgress, cfg: IngestConfig) -> None:
+def _commit(state: _SeriesInProgress, cfg: IngestConfig, labels: LabelAssigner | None) -> None:
+    """Write the series record and index entries -- and its label, when one fits -- and commit."""
     cand, geom = state.plan.cand, state.plan.geom
     h = cand.first
     shape = (len(geom.slots), h.rows, h.cols)
@@ -326,9 +354,16 @@ def _commit(state: _SeriesInProgress, cfg: IngestConfig) -> None:
         windows=cfg.windows,
         flags=tuple(geom.flags + _header_flags(h)),
         padding_voxels=state.padding,
+        frame_of_reference=h.frame_of_reference,
     )
+    label = None
+    if labels is not None:
+        grid = SeriesGrid(shape, geom.affine_lps, tuple(slot[0].instance for slot in geom.slots))
+        found = labels.label_for(cand.key, grid)
+        if found is not None:
+            label = labels.put(state.txn, cand.key, *found)
     state.txn.commit(record, {"modality": h.modality, "study": h.study, "patient": h.patient,
-                              "body_part": h.body_part})
+                              "body_part": h.body_part}, label=label)
 
 
 def _header_flags(h: SliceHeader) -> list[str]:

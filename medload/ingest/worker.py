@@ -22,12 +22,13 @@ from medload.errors import InputProblem
 from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import SourceRef, read_source
 from medload.ingest.headers import SliceHeader, read_headers
+from medload.ingest.labels import LabelInput
 from medload.ingest.pixels import LoadedFile, decode_plane
 from medload.ingest.ring import RingSlot, SlotWriter, Span
 from medload.storage.codec import encode_value, get_codec
 from medload.storage.digest import slice_digest
 
-__all__ = ["init_worker", "header_batch", "decode_chunk", "DecodeChunk", "EncodedSlice", "Failure"]
+__all__ = ["init_worker", "header_batch", "decode_chunk", "DecodeChunk", "EncodedSlice", "Failure", "FATAL"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class EncodedSlice:
 #: What a worker lets through. Everything else raised while reading one input -- including the
 #: BaseException-derived panics that Rust decoders (pylibjpeg-rle via pyo3) raise on damaged data --
 #: becomes a quarantine record for that input.
-_FATAL = (KeyboardInterrupt, SystemExit, GeneratorExit)
+FATAL = (KeyboardInterrupt, SystemExit, GeneratorExit)
 
 
 class _State:
@@ -94,17 +95,18 @@ def _sha256(ref: SourceRef) -> str | None:
         return None
 
 
-def header_batch(refs: list[SourceRef]) -> list[list[SliceHeader] | Failure]:
-    """Header pass over a batch of inputs: per input, its planes or a :class:`Failure`."""
+def header_batch(refs: list[SourceRef]) -> list[list[SliceHeader] | LabelInput | Failure]:
+    """Header pass over a batch of inputs: per input, its planes, the LabelInput of a SEG/RTSTRUCT, or a
+    :class:`Failure`."""
     out: list[list[SliceHeader] | Failure] = []
     for ref in refs:
         try:
             out.append(read_headers(ref, _State.pseudo, _State.cfg))
         except InputProblem as exc:
             out.append(Failure(ref.display, exc.stage, exc.reason, exc.skipped, _sha256(ref)))
-        except _FATAL:
+        except FATAL:
             raise
-        except BaseException as exc:  # noqa: BLE001 -- a damaged file must never stop the run (see _FATAL)
+        except BaseException as exc:  # noqa: BLE001 -- a damaged file must never stop the run (see FATAL)
             out.append(Failure(ref.display, "header", f"{type(exc).__name__}: {exc}", False, _sha256(ref)))
     return out
 
@@ -157,9 +159,9 @@ def _resolve_slot(slot: list[SliceHeader], chunk: DecodeChunk,
             values, padding = decode_plane(file, h, chunk.modality, chunk.dtype)
         except InputProblem as exc:
             return Failure(h.ref.display, exc.stage, exc.reason, False, _sha256(h.ref))
-        except _FATAL:
+        except FATAL:
             raise
-        except BaseException as exc:  # noqa: BLE001 -- see _FATAL
+        except BaseException as exc:  # noqa: BLE001 -- see FATAL
             return Failure(h.ref.display, "decode", f"{type(exc).__name__}: {exc}", False, _sha256(h.ref))
         if kept is None:
             kept = (values, padding, xxhash.xxh3_64_hexdigest(file.data))

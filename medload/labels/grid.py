@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import SimpleITK as sitk
 
 from medload.errors import InputProblem
 from medload.storage.records import SeriesRecord
@@ -58,8 +59,6 @@ class SeriesGrid:
 
     def sitk_reference(self):
         """An empty SimpleITK image with this grid (origin, spacing, direction), for resampling onto it."""
-        import SimpleITK as sitk
-
         d, h, w = self.shape
         columns = self.affine_lps[:3, :3]
         spacing = np.linalg.norm(columns, axis=0)

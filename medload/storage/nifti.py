@@ -13,21 +13,22 @@ from medload.storage.store import Store
 __all__ = ["export_nifti", "to_nifti"]
 
 
-def to_nifti(store: Store, key: str | bytes) -> nib.Nifti1Image:
-    """The series as an in-memory NIfTI image: data ``(column, row, slice)``, sform = qform = affine."""
+def to_nifti(store: Store, key: str | bytes, *, label: bool = False) -> nib.Nifti1Image:
+    """The series (or its label map) as an in-memory NIfTI image: data ``(column, row, slice)``,
+    sform = qform = the series affine, so image and label overlay in any viewer."""
     rec = store.record(key)
-    data = store.read(rec.key).transpose(2, 1, 0)
+    data = (store.read_label(rec.key) if label else store.read(rec.key)).transpose(2, 1, 0)
     image = nib.Nifti1Image(data, np.asarray(rec.affine, dtype=np.float64))
     image.header.set_xyzt_units("mm")
     image.set_sform(image.affine, code=1)  # scanner-based anatomical coordinates
     image.set_qform(image.affine, code=1)
-    image.header["descrip"] = f"medload {rec.modality} {rec.key[:12]}".encode()[:79]
+    image.header["descrip"] = f"medload {'label' if label else rec.modality} {rec.key[:12]}".encode()[:79]
     return image
 
 
-def export_nifti(store: Store, key: str | bytes, out: str | os.PathLike) -> Path:
-    """Write the series to ``out`` (``.nii`` or ``.nii.gz``); returns the path written."""
+def export_nifti(store: Store, key: str | bytes, out: str | os.PathLike, *, label: bool = False) -> Path:
+    """Write the series (or its label map) to ``out`` (``.nii`` or ``.nii.gz``); returns the path written."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    nib.save(to_nifti(store, key), out)
+    nib.save(to_nifti(store, key, label=label), out)
     return out

@@ -50,6 +50,7 @@ class SeriesRecord:
     windows: tuple[str, ...] = ()
     flags: tuple[str, ...] = ()
     padding_voxels: int = 0
+    frame_of_reference: str = ""
     format: int = _RECORD_FORMAT
 
     def to_dict(self) -> dict:

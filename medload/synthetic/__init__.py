@@ -3,11 +3,13 @@
 :func:`make_series` writes one series (single-frame CT Image Storage or Enhanced CT) and returns its
 ground-truth HU, positions and RAS affine; :func:`make_study` writes several series of one study into
 one folder. :func:`write_localizer`, :func:`write_secondary_capture` and :func:`write_broken_files`
-write the non-volume and broken files an ingester must skip or quarantine.
+write the non-volume and broken files an ingester must skip or quarantine; :func:`make_rtstruct`
+writes an RTSTRUCT with known polygons for a generated series.
 """
 
 from medload.synthetic.extras import write_broken_files, write_localizer, write_secondary_capture
 from medload.synthetic.phantom import phantom_hu
+from medload.synthetic.rtstruct import make_rtstruct, square_polygon
 from medload.synthetic.series import make_series, make_study
 from medload.synthetic.spec import COMPRESSED_SYNTAXES, NATIVE_SYNTAXES, PADDING_HU, GeneratedSeries, SeriesSpec
 
@@ -23,4 +25,6 @@ __all__ = [
     "write_localizer",
     "write_secondary_capture",
     "write_broken_files",
+    "make_rtstruct",
+    "square_polygon",
 ]

@@ -1,0 +1,157 @@
+"""Pairing label inputs with series, placing them on their grid, and writing them.
+
+A label for a series ingested in the same run is written in the series' own transaction (slices,
+labels, records and index entries together); a label for a series stored earlier gets a transaction
+of its own in the current shard. A label input is tried on each series it may belong to (a
+SeriesInstanceUID can hold several volumes: orientations, matrix sizes) and lands on the first whose
+grid it fits; one that fits none, or references no series, is quarantined with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import numpy as np
+
+from medload.errors import InputProblem
+from medload.ingest.deid import Pseudonymizer
+from medload.ingest.labels import LabelInput, label_fingerprint, place_label
+from medload.ingest.report import IngestReport, LabelOutcome
+from medload.ingest.series import SeriesCandidate
+from medload.ingest.worker import FATAL
+from medload.labels.grid import LabelVolume, SeriesGrid
+from medload.storage.codec import SliceCodec, encode_value
+from medload.storage.digest import series_digest, slice_digest
+from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
+from medload.storage.writer import SeriesTransaction, StoreWriter
+
+__all__ = ["LabelAssigner"]
+
+log = logging.getLogger(__name__)
+
+
+class LabelAssigner:
+    """Which label goes to which series, for one ingest run."""
+
+    def __init__(self, inputs: Iterable[LabelInput], candidates: list[SeriesCandidate],
+                 stored: dict[bytes, SeriesRecord], writer: StoreWriter, pseudo: Pseudonymizer,
+                 roi_map: dict | None, codec: SliceCodec, report: IngestReport) -> None:
+        self.writer, self.pseudo, self.roi_map, self.codec, self.report = writer, pseudo, roi_map, codec, report
+        self.stored = stored
+        volumes = [c for c in candidates if not c.skip_reason]
+        #: per label input, the keys of the series it may belong to, in the order they are tried
+        self.pending: dict[LabelInput, list[bytes]] = {}
+        for inp in sorted(inputs, key=lambda i: (i.kind, i.display)):
+            keys = self._targets(inp, volumes)
+            if keys:
+                self.pending[inp] = keys
+            else:
+                self._reject(inp, None, "references no series of this ingest or the store "
+                                        "(check its ReferencedSeriesSequence, or map it with --labels map.csv)")
+        self.last_error: dict[LabelInput, str] = {}
+
+    def _targets(self, inp: LabelInput, volumes: list[SeriesCandidate]) -> list[bytes]:
+        everything = list(dict.fromkeys([c.key for c in volumes] + sorted(self.stored)))
+        if inp.key_prefix:
+            return [k for k in everything if k.hex().startswith(inp.key_prefix)]
+        series_of = {c.key: c.first.series for c in volumes} | {k: r.series for k, r in self.stored.items()}
+        keys = [k for k in everything if series_of[k] in inp.series]
+        if keys or not inp.frame_of_reference:
+            return keys
+        frame_of = {c.key: c.first.frame_of_reference for c in volumes} | {
+            k: r.frame_of_reference for k, r in self.stored.items()}
+        same_frame = [k for k in everything if frame_of[k] == inp.frame_of_reference]
+        return same_frame if len(same_frame) == 1 else []
+
+    # ---- placing ---------------------------------------------------------------------------------
+    def label_for(self, key: bytes, grid: SeriesGrid) -> tuple[LabelInput, LabelVolume] | None:
+        """The first pending label input that fits series ``key`` (on ``grid``), or None."""
+        for inp, keys in list(self.pending.items()):
+            if key not in keys:
+                continue
+            try:
+                volume = place_label(inp, grid, self.pseudo, self.roi_map)
+            except FATAL:
+                raise
+            except BaseException as exc:  # noqa: BLE001 -- a label that breaks a decoder is quarantined, never fatal
+                self.last_error[inp] = exc.reason if isinstance(exc, InputProblem) else f"{type(exc).__name__}: {exc}"
+                keys.remove(key)
+                if not keys:
+                    self._finish_unplaced(inp)
+                continue
+            del self.pending[inp]
+            for other, other_keys in list(self.pending.items()):  # one label per series
+                if key in other_keys:
+                    other_keys.remove(key)
+                    if not other_keys:
+                        self._finish_unplaced(other, f"series {key.hex()[:12]} already has the label {inp.display}")
+            return inp, volume
+        return None
+
+    def put(self, txn: SeriesTransaction, key: bytes, inp: LabelInput, volume: LabelVolume) -> LabelRecord:
+        """Put the label slices in ``txn``; return the record to commit with them."""
+        dtype = volume.data.dtype
+        digests = []
+        for z, plane in enumerate(volume.data):
+            txn.put_label_slice(z, encode_value(plane, self.codec))
+            digests.append(slice_digest(plane))
+        record = LabelRecord(
+            key=key.hex(), dtype=str(dtype), classes={str(c): n for c, n in sorted(volume.classes.items())},
+            foreground=tuple(tuple(int(v) for v in row) for row in volume.foreground_counts()),
+            kind=volume.kind, source=inp.display, source_fingerprint=label_fingerprint(inp, self.roi_map),
+            digest=series_digest(digests, volume.data.shape, str(dtype)), resampled=volume.resampled,
+            notes=tuple(volume.notes),
+        )
+        self.report.labels.append(LabelOutcome(key.hex(), inp.display, "ingested", volume.kind,
+                                               tuple(volume.classes.values()), "; ".join(volume.notes) or None))
+        return record
+
+    def write_stored(self) -> None:
+        """Labels of series stored before this run, each in a transaction of its own."""
+        for key in sorted(self.stored):
+            if not any(key in keys for keys in self.pending.values()):
+                continue
+            rec = self.stored[key]
+            if key in self.writer.label_fingerprints:
+                self._settle_existing(key)
+                continue
+            found = self.label_for(key, SeriesGrid.from_record(rec))
+            if found is None:
+                continue
+            inp, volume = found
+            txn = self.writer.begin_labels(key, int(np.prod(volume.data.shape)) * 2)
+            try:
+                label = self.put(txn, key, inp, volume)
+            except BaseException:
+                txn.abort()
+                raise
+            txn.commit(label=label)
+        for inp in list(self.pending):
+            self._finish_unplaced(inp)
+
+    def _settle_existing(self, key: bytes) -> None:
+        """Label inputs for a series that already has a stored label: the same one, or a conflict."""
+        for inp, keys in list(self.pending.items()):
+            if key not in keys:
+                continue
+            keys.remove(key)
+            if label_fingerprint(inp, self.roi_map) == self.writer.label_fingerprints[key]:
+                del self.pending[inp]
+                self.report.labels.append(LabelOutcome(key.hex(), inp.display, "present", inp.kind, (), None))
+            elif not keys:
+                del self.pending[inp]
+                self.report.labels.append(LabelOutcome(
+                    key.hex(), inp.display, "conflict", inp.kind, (),
+                    "the series already has a different label; the stored one is left unchanged"))
+
+    # ---- quarantine ------------------------------------------------------------------------------
+    def _finish_unplaced(self, inp: LabelInput, reason: str | None = None) -> None:
+        self.pending.pop(inp, None)
+        self._reject(inp, None, reason or self.last_error.get(inp, "fits none of the series it references"))
+
+    def _reject(self, inp: LabelInput, key: bytes | None, reason: str) -> None:
+        self.report.labels.append(LabelOutcome(None if key is None else key.hex(), inp.display, "rejected", inp.kind,
+                                               (), reason))
+        self.report.rejects.append(RejectRecord("rejected", "labels", reason, inp.display,
+                                                series=None if key is None else key.hex()))
