@@ -46,3 +46,19 @@ def test_quick_3d_training_runs_on_slabs(sample_store, tmp_path):
 def test_a_store_without_labels_needs_a_demo_target(sample_store, tmp_path):
     with pytest.raises(SystemExit, match="no labels"):
         _pipeline().main(["--store", str(sample_store), "--quick", "--out", str(tmp_path / "x")])
+
+
+def test_quick_training_on_stored_labels(tmp_path):
+    import numpy as np
+
+    from medload.synthetic import SeriesSpec, make_rtstruct, make_series
+
+    for s in range(2):  # two patients, so validation is a patient of its own
+        gen = make_series(tmp_path / "src" / f"p{s}", SeriesSpec(n_slices=10, rows=48, cols=48), seed=30 + s,
+                          patient_id=f"P{s}")
+        square = np.array([[10.5, 10.5], [30.5, 10.5], [30.5, 30.5], [10.5, 30.5]])
+        make_rtstruct(gen, {"Organ": [(z, [square]) for z in range(2, 8)]}, tmp_path / "src" / f"p{s}" / "rt.dcm")
+    ingest(tmp_path / "src", tmp_path / "store", config=IngestConfig(workers=1))
+    summary = _pipeline().main(["--store", str(tmp_path / "store"), "--quick", "--out", str(tmp_path / "run")])
+    assert summary["train_samples"] + summary["val_samples"] == 20
+    assert all(math.isfinite(h["train_loss"]) for h in summary["history"])
