@@ -187,17 +187,6 @@ def test_uncommitted_series_is_absent_and_committed_ones_survive_a_crash(tmp_pat
     assert not list((tmp_path / "s" / "staging").iterdir())
 
 
-def test_staging_shard_from_before_a_system_restart_is_discarded(tmp_path, volumes):
-    """Unsynced commits are trusted only within the boot that wrote them."""
-    _crash_while_writing(tmp_path / "s", volumes, die_in=2)
-    (marker,) = (tmp_path / "s" / "staging").glob("*.lmdb/boot_id")
-    marker.write_text("a-boot-before-a-power-cut")
-    with StoreWriter(tmp_path / "s", codec="blosc2-lz4", windows=(), key_fingerprint="k") as writer:
-        assert writer.series_fingerprints == {}
-    assert open_store(tmp_path / "s").series() == []
-    assert not list((tmp_path / "s" / "staging").iterdir())
-
-
 def test_shards_roll_over_and_series_never_span_shards(tmp_path, volumes):
     _write(tmp_path / "s", volumes, shard_bytes=1)  # every series closes its shard
     store = open_store(tmp_path / "s")

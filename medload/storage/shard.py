@@ -34,15 +34,12 @@ def window_db(name: str) -> bytes:
     return b"win_" + name.encode()
 
 
-def open_write_env(path: Path, map_size: int, *, sync: bool) -> lmdb.Environment:
-    """Open (creating if needed) the environment of a shard being written; owner-only permissions.
-
-    ``sync=False`` skips the fsync at each commit (the data still reaches the page cache, so it
-    survives the death of the process); the writer then syncs the shard before publishing it.
-    """
+def open_write_env(path: Path, map_size: int) -> lmdb.Environment:
+    """Open (creating if needed) the environment of a shard being written; owner-only permissions;
+    every commit synced to disk."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return lmdb.open(
-        str(path), map_size=map_size, max_dbs=_MAX_DBS, subdir=True, sync=sync, metasync=sync,
+        str(path), map_size=map_size, max_dbs=_MAX_DBS, subdir=True, sync=True, metasync=True,
         readahead=False, mode=0o600,
     )
 

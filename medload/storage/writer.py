@@ -10,12 +10,9 @@ Crash safety comes from four rules (DESIGN.md §3, §5):
 3. A writer that starts after a crash (it holds ``writer.lock``, so the previous writer is gone)
    publishes whatever committed series the dead writer left in ``staging/`` and adds any renamed
    shard the manifest missed. Nothing committed is ever lost or re-written.
-4. Commits to a staging shard are not fsynced one by one (on the 2-core reference machine that cost
-   ~15 ms per series, a third of a small series' ingest time). A killed process loses nothing by
-   this -- committed pages are in the kernel's page cache -- but a *system* crash could leave an
-   unsynced LMDB file damaged. So each staging shard records the kernel's boot id; a staging shard
-   from an earlier boot is discarded, and its series are simply ingested again. Where no boot id
-   is available, every commit is fsynced.
+4. Every commit is synced to disk (``sync=True``): a series committed is durable, whatever happens
+   to the process or the machine. (Skipping the per-commit fsync and trusting staging shards only
+   within one boot was measured at 1.03 -> 1.00 s for 560 files: not worth the extra rule.)
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from medload.errors import ConfigError, StoreError, StoreLockedError
 from medload.storage import shard as sh
 from medload.storage.keys import slice_key
 from medload.storage.manifest import (Manifest, ShardEntry, file_digest, fsync_dir, read_manifest, shard_path,
-                                    staging_path, write_file_atomic, write_manifest)
+                                    staging_path, write_manifest)
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 
 __all__ = ["StoreWriter", "SeriesTransaction"]
@@ -44,15 +41,6 @@ __all__ = ["StoreWriter", "SeriesTransaction"]
 log = logging.getLogger(__name__)
 
 _MAP_HEADROOM = 1 << 30
-_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-
-
-def _boot_id() -> str | None:
-    """This boot of the kernel, or None where the platform does not say."""
-    try:
-        return _BOOT_ID.read_text().strip() or None
-    except OSError:
-        return None
 
 
 class SeriesTransaction:
@@ -172,17 +160,9 @@ class StoreWriter:
             if name not in listed:
                 log.warning("shard %s was published but missing from store.json (crash); adding it", name)
                 self._add_to_manifest(name, path)
-        boot = _boot_id()
         for path in sorted((self.root / "staging").glob("*.lmdb")):
             name = path.name[: -len(".lmdb")]
-            marker = path / "boot_id"
-            written_in = marker.read_text().strip() if marker.exists() else None
-            if written_in is not None and written_in != boot:
-                log.warning("discarding staging shard %s: it was written before a system restart, so its unsynced "
-                            "series may be damaged; they will be ingested again", name)
-                shutil.rmtree(path)
-                continue
-            env = sh.open_write_env(path, map_size=_MAP_HEADROOM, sync=True)
+            env = sh.open_write_env(path, map_size=_MAP_HEADROOM)
             try:
                 n = _count(env, sh.SERIES, sh.LABEL_SERIES, sh.REJECTS)
                 env.sync(True)
@@ -258,10 +238,7 @@ class StoreWriter:
         if self._env is None:
             self._staging_name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
             path = staging_path(self.root, self._staging_name)
-            boot = _boot_id()
-            self._env = sh.open_write_env(path, map_size=self.shard_bytes + _MAP_HEADROOM, sync=boot is None)
-            if boot is not None:
-                write_file_atomic(path / "boot_id", boot.encode())
+            self._env = sh.open_write_env(path, map_size=self.shard_bytes + _MAP_HEADROOM)
             names = [sh.SLICES, sh.LABELS, sh.LABEL_SERIES, sh.SERIES, sh.REJECTS, *sh.INDEXES.values()]
             names += [sh.window_db(w) for w in self.manifest.windows]
             self._dbs = sh.open_dbs(self._env, names, create=True)
@@ -285,7 +262,6 @@ class StoreWriter:
 
     def _publish_path(self, name: str, path: Path) -> None:
         (path / "lock.mdb").unlink(missing_ok=True)
-        (path / "boot_id").unlink(missing_ok=True)
         target = shard_path(self.root, name)
         os.replace(path, target)
         fsync_dir(target.parent)
