@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -125,7 +126,7 @@ def test_store_pickles_to_its_path_and_reopens_after_fork(tmp_path, volumes):
 
 def test_a_second_writer_is_refused(tmp_path):
     with StoreWriter(tmp_path / "s", codec="raw", windows=(), key_fingerprint="k"):
-        with pytest.raises(StoreLockedError, match="another medload process"):
+        with pytest.raises(StoreLockedError, match=rf"another medload process \(pid {os.getpid()} on "):
             StoreWriter(tmp_path / "s", codec="raw", windows=(), key_fingerprint="k")
 
 

@@ -22,6 +22,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -114,15 +115,21 @@ class StoreWriter:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def _acquire_lock(self) -> int:
+        """flock ``writer.lock`` (released by the kernel when this process dies, however it dies) and
+        write our pid and host into it, so a refused writer can say who holds the store."""
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.root / "writer.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise StoreLockedError(
-                f"another medload process is writing to {self.root} (writer.lock is held): wait for it to finish"
+                f"another medload process ({holder}) is writing to {self.root} (writer.lock is held): "
+                "wait for it to finish; readers are not blocked"
             ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         return fd
 
     def _release_lock(self) -> None:
