@@ -61,3 +61,27 @@ def test_two_workers_with_or_without_ring_equal_one_worker(run_ingest, tmp_path,
     _, two = run_ingest(src, workers=2, windows=("lung",))
     assert len(one.series()) == 2
     assert store_dump(one) == store_dump(two)
+
+
+def test_a_ring_left_by_a_dead_process_is_removed_by_the_next_one(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    directory = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    import tempfile
+
+    directory = directory or tempfile.gettempdir()
+    stale = os.path.join(directory, f"medload-ring-{dead.stdout.strip()}-abcd")
+    mine = os.path.join(directory, f"medload-ring-{os.getpid()}-live")
+    for path in (stale, mine):
+        with open(path, "wb") as f:
+            f.write(b"x")
+    try:
+        ring = SliceRing(1, 1024)
+        ring.close()
+        assert not os.path.exists(stale) and os.path.exists(mine)
+    finally:
+        for path in (stale, mine):
+            if os.path.exists(path):
+                os.unlink(path)

@@ -1,10 +1,39 @@
-"""Keyed pseudonyms for patient, study, series and instance identities (DICOM PS3.15 Annex E spirit).
+"""De-identification: keyed pseudonyms for identities, and the table of what a store keeps.
 
-Raw identifiers (PatientID, UIDs) are replaced by HMAC-SHA256 pseudonyms in the process that parses
-the header, so they never reach the index, the records, the writer or the logs. The key lives outside
-the store (``--key-file``, ``MEDLOAD_KEY_FILE``, default ``~/.config/medload/pseudonym.key``, created
-0600 on first use); the store records only a fingerprint of it, so the same key gives the same
-pseudonyms and series keys on every machine, and a store refuses a different key.
+Reference: DICOM PS3.15 Annex E, Basic Application Level Confidentiality Profile. The header pass
+reads only the attributes below, and replaces identities by HMAC-SHA256 pseudonyms *in the process
+that parses the header*, so raw identifiers never reach the writer, the index, the records or the
+logs. The key lives outside the store (``--key-file``, ``$MEDLOAD_KEY_FILE``, default
+``~/.config/medload/pseudonym.key``, created 0600 on first use); the store records only a
+fingerprint of it, so the same key gives the same pseudonyms and series keys on every machine, and a
+store refuses a different key. ``tests/test_privacy.py`` checks this table against the records.
+
+====================================================  =============================================
+attribute (tag)                                       in the store
+====================================================  =============================================
+PatientID (0010,0020) + IssuerOfPatientID (0010,0021) keyed pseudonym (``patient``)
+StudyInstanceUID (0020,000D)                          keyed pseudonym (``study``)
+SeriesInstanceUID (0020,000E)                         keyed pseudonym (``series``, and in the key)
+SOPInstanceUID (0008,0018)                            keyed pseudonym, only inside a source fingerprint
+FrameOfReferenceUID (0020,0052)                       keyed pseudonym (``frame_of_reference``)
+Modality, Manufacturer, ManufacturerModelName,        kept (``modality``, ``manufacturer``,
+ConvolutionKernel, BodyPartExamined, ImageType,       ``model``, ``kernel``, ``body_part``,
+SliceThickness, WindowCenter/WindowWidth              ``image_type``, ``slice_thickness``,
+                                                      ``scanner_windows``): not identifying (PS3.15
+                                                      E.1-1 lists none of them)
+ImagePositionPatient, ImageOrientationPatient,        kept as geometry (``affine``, ``positions``,
+PixelSpacing, pixel data                              ``orientation``, ``spacing``, slices)
+PatientName, PatientBirthDate, PatientSex/Age,        never read, never stored
+AccessionNumber, every date and time, Institution*,
+ReferringPhysician/Operators/PerformingPhysician
+Name, StationName, DeviceSerialNumber,
+SeriesDescription/StudyDescription (free text),
+private tags
+====================================================  =============================================
+
+No date is stored, so no date shifting is needed. Quarantine records keep the *path* of the file
+they name (what a user must act on); paths are not DICOM attributes, but a site whose folder names
+carry patient names should ingest from neutral paths.
 """
 
 from __future__ import annotations

@@ -89,7 +89,6 @@ class SliceHeader:
     model: str | None = None
     kernel: str | None = None
     body_part: str | None = None
-    series_description: str | None = None
     window: tuple[tuple[float, float], ...] = ()   # scanner WindowCenter/WindowWidth pairs
 
     @property
@@ -239,7 +238,6 @@ def _base_fields(ds: Dataset, ref: SourceRef, pseudo: Pseudonymizer, sop_class: 
         model=tags.text(ds, "ManufacturerModelName"),
         kernel=tags.text(ds, "ConvolutionKernel"),  # case kept: Siemens kernels differ by case (B30f)
         body_part=tags.text(ds, "BodyPartExamined"),
-        series_description=tags.text(ds, "SeriesDescription"),
         window=tags.window_pairs(ds),
     )
 

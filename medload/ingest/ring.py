@@ -10,11 +10,13 @@ faults after the first pass over the ring.
 A slot belongs to one chunk in flight: the writer acquires it when it submits the chunk and releases
 it once LMDB has copied the chunk's values into its transaction. Space is reserved with
 ``posix_fallocate`` so a small ``/dev/shm`` (as in many containers) fails at creation -- and the run
-falls back to the pipe -- instead of killing a worker with SIGBUS later.
+falls back to the pipe -- instead of killing a worker with SIGBUS later. A ring's name carries its
+writer's pid: a ring left behind by a killed ingest is removed by the next one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 #: (offset, length) of one value inside the ring file
 Span = tuple[int, int]
+_PREFIX = "medload-ring-"
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,9 @@ class SliceRing:
     """The writer's side: owns the ring file, hands out slots, and reads values back."""
 
     def __init__(self, slots: int, slot_bytes: int) -> None:
-        directory = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        fd, self.path = tempfile.mkstemp(prefix="medload-ring-", dir=directory)
+        directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        _remove_stale(directory)
+        fd, self.path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=directory)
         try:
             os.posix_fallocate(fd, 0, slots * slot_bytes)
             self._map = mmap.mmap(fd, slots * slot_bytes)
@@ -79,6 +83,28 @@ class SliceRing:
     def close(self) -> None:
         self._map.close()
         os.unlink(self.path)
+
+
+def _remove_stale(directory: str) -> None:
+    """Delete rings whose writer process is gone (killed before it could unlink its ring)."""
+    for name in os.listdir(directory):
+        if not name.startswith(_PREFIX):
+            continue
+        pid = name[len(_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+                log.info("removed the ring of a dead ingest (pid %s)", pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class SlotWriter:

@@ -347,7 +347,6 @@ def _commit(state: _SeriesInProgress, cfg: IngestConfig, labels: LabelAssigner |
         model=h.model,
         kernel=h.kernel,
         body_part=h.body_part,
-        series_description=h.series_description,
         image_type=h.image_type,
         slice_thickness=h.slice_thickness,
         scanner_windows=h.window,

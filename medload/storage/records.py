@@ -43,7 +43,6 @@ class SeriesRecord:
     model: str | None = None
     kernel: str | None = None
     body_part: str | None = None
-    series_description: str | None = None
     image_type: tuple[str, ...] = ()
     slice_thickness: float | None = None
     scanner_windows: tuple[tuple[float, float], ...] = ()
