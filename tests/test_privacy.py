@@ -1,0 +1,167 @@
+"""No patient identifier reaches a store, its records, the command line's output or its logs.
+
+The attribute table these tests hold the code to is the one in :mod:`medload.ingest.deid` (DICOM PS3.15
+Annex E, Basic Profile). Two angles: the shipped sample's own raw values, and a copy of the sample whose
+identifying attributes carry distinctive canaries (the sample has no birth date or accession number, and
+a canary cannot match by chance where a short real value like ``CT4`` could).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pydicom
+import pytest
+
+from conftest import PHILIPS
+from medload.config import IngestConfig
+from medload.ingest import deid
+from medload.ingest.run import ingest
+from medload.storage.records import SeriesRecord
+from medload.storage.store import open_store
+
+MEDLOAD = [sys.executable, "-m", "medload.cli"]
+
+#: PS3.15 E.1-1 attributes a CT header commonly carries, besides the four UIDs checked separately.
+IDENTIFYING = ("PatientName", "PatientID", "PatientBirthDate", "AccessionNumber", "InstitutionName",
+               "InstitutionAddress", "StationName", "DeviceSerialNumber", "OperatorsName",
+               "ReferringPhysicianName", "PerformingPhysicianName", "StudyID", "OtherPatientIDs")
+UIDS = ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "FrameOfReferenceUID")
+
+
+def _cli(*args, env: dict[str, str]) -> str:
+    proc = subprocess.run([*MEDLOAD, *map(str, args)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, f"medload {args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+def _dicom_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(("LICENSE", "README")))
+
+
+def _raw_values(files: list[Path], keywords: tuple[str, ...]) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in files:
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        for keyword in keywords:
+            value = ds.get(keyword)
+            text = "\\".join(map(str, value)) if isinstance(value, pydicom.multival.MultiValue) else str(value or "")
+            if text:
+                found.setdefault(keyword, set()).add(text)
+    return found
+
+
+def _leaks(secrets: set[str], store: Path, texts: dict[str, str]) -> list[str]:
+    """Every (place, secret) where a secret's bytes occur: every file of the store, then each text."""
+    hits = []
+    for path in sorted(store.rglob("*")):
+        if path.is_file():
+            data = path.read_bytes()
+            hits += [f"{path.relative_to(store)}: {s!r}" for s in sorted(secrets) if s.encode() in data]
+    for place, text in texts.items():
+        hits += [f"{place}: {s!r}" for s in sorted(secrets) if s in text]
+    return hits
+
+
+def _check_modes(store: Path) -> None:
+    modes = {str(p.relative_to(store)): stat.S_IMODE(p.stat().st_mode) for p in store.rglob("*")}
+    assert stat.S_IMODE(store.stat().st_mode) == 0o700
+    wrong = {name: oct(mode) for name, mode in modes.items()
+             if mode != (0o700 if (store / name).is_dir() else 0o600)}
+    assert wrong == {}, f"store entries that are not owner-only: {wrong}"
+
+
+@pytest.fixture
+def cli_env(tmp_path) -> dict[str, str]:
+    return {**os.environ, "MEDLOAD_KEY_FILE": str(tmp_path / "key" / "pseudonym.key")}
+
+
+def test_sample_store_and_cli_output_hold_none_of_the_samples_identifiers(tmp_path, cli_env) -> None:
+    files = _dicom_files(PHILIPS / "dicom")
+    raw = _raw_values(files, IDENTIFYING + UIDS)
+    assert {"PatientName", "PatientID", "StudyInstanceUID", "SOPInstanceUID"} <= raw.keys()
+    secrets = set().union(*raw.values())
+    assert len(raw["SOPInstanceUID"]) == len(files)
+
+    store = tmp_path / "store"
+    out = {"ingest": _cli("ingest", PHILIPS / "dicom", store, "--workers", "2", "--windows", "brain",
+                          "--no-progress", env=cli_env)}
+    out["ls"] = _cli("ls", store, "--json", env=cli_env)
+    out["info"] = _cli("info", store, env=cli_env)
+    out["rejects"] = _cli("rejects", store, "--all", env=cli_env)
+    key = re.search(r'"key": "([^"]+)"', out["ls"]).group(1)
+    _cli("export", store, key, tmp_path / "out.nii.gz", env=cli_env)
+    out["export"] = (tmp_path / "out.nii.gz").read_bytes().decode("latin-1")
+    assert "1 ingested" in out["ingest"]
+
+    assert _leaks(secrets, store, out) == []
+    _check_modes(store)
+    key_bytes = (tmp_path / "key" / "pseudonym.key").read_text().strip()
+    assert _leaks({key_bytes}, store, out) == []  # only a fingerprint of the key is in the store
+    assert stat.S_IMODE((tmp_path / "key" / "pseudonym.key").stat().st_mode) == 0o600
+
+
+def _with_canaries(src: Path, dst: Path) -> dict[str, str]:
+    """Copy the sample with every identifying attribute (and a private tag, and the free-text
+    descriptions) set to a canary; one file keeps its header but loses half its pixels, so it is
+    quarantined and its reason must not quote any of it either."""
+    canaries = {
+        "PatientName": "Canary^Cordelia^Q", "PatientID": "CANARY-PID-40417", "PatientBirthDate": "19310417",
+        "AccessionNumber": "CANARYACC9931", "InstitutionName": "Canary Memorial Hospital",
+        "InstitutionAddress": "17 Canary Wharf Road", "StationName": "CANARYSTN1",
+        "DeviceSerialNumber": "CANARY-SN-5501", "OperatorsName": "Operator^Canary",
+        "ReferringPhysicianName": "Referrer^Canary", "StudyID": "CANARYSTUDY7",
+        "StudyDescription": "canary study description", "SeriesDescription": "canary series description",
+        "PatientComments": "canary patient comment",
+    }
+    dst.mkdir()
+    for i, path in enumerate(_dicom_files(src)):
+        ds = pydicom.dcmread(path)
+        for keyword, value in canaries.items():
+            setattr(ds, keyword, value)
+        block = ds.private_block(0x0009, "CANARY PRIVATE", create=True)
+        block.add_new(0x01, "LO", "canary private value")
+        out = dst / f"{i:03d}.dcm"
+        ds.save_as(out)
+        if i == 3:  # a damaged copy: header intact, pixels cut short
+            data = out.read_bytes()
+            (dst / "damaged.dcm").write_bytes(data[: len(data) - 40000])
+    return {**canaries, "private": "canary private value"}
+
+
+def test_canary_identifiers_never_reach_store_records_rejects_or_logs(tmp_path, caplog) -> None:
+    src = tmp_path / "src"
+    canaries = _with_canaries(PHILIPS / "dicom", src)
+    uids = set().union(*_raw_values(_dicom_files(src), UIDS).values())
+    caplog.set_level(logging.DEBUG, logger="medload")
+    report = ingest(src, tmp_path / "store", config=IngestConfig(workers=1, windows=("bone",)))
+    assert report.counts["ingested"] == 1
+    assert any(r.source.endswith("damaged.dcm") for r in report.rejects), "the damaged copy is quarantined"
+
+    store = open_store(tmp_path / "store")
+    texts = {"log": caplog.text, "report": repr(report), "rejects": repr(store.rejects()),
+             "records": repr(store.series())}
+    secrets = {v for v in canaries.values()} | {v.upper() for v in canaries.values()} | uids
+    assert _leaks(secrets, store.path, texts) == []
+    _check_modes(store.path)
+
+
+#: SeriesRecord fields that are not DICOM attributes at all (layout, checks, provenance, our policies).
+_NOT_FROM_DICOM = {"key", "shape", "dtype", "digest", "shard", "space", "windows", "flags", "padding_voxels",
+                   "format", "source_fingerprint", "sources"}
+
+
+def test_every_record_field_from_dicom_is_in_the_deid_table() -> None:
+    """A new record field derived from a header must be added to the documented table first."""
+    table = deid.__doc__.split("====", 1)[1]
+    documented = set(re.findall(r"``(\w+)``", table))
+    fields = {f.name for f in dataclasses.fields(SeriesRecord)} - _NOT_FROM_DICOM
+    assert fields - documented == set(), "record fields missing from the table in medload/ingest/deid.py"
+    assert fields >= {"patient", "study", "series", "frame_of_reference", "affine", "modality"}
