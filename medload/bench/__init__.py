@@ -1,1 +1,2 @@
-"""Benchmarks of medload against its peers (MONAI's pipelines, nnU-Net-style .npy), run from ``benchmarks/``."""
+"""Benchmarks of medload against its peers (pydicom, dcm2niix, SimpleITK, MONAI's pipelines, nnU-Net-style .npy):
+``medload bench`` (:func:`medload.bench.run.run_bench`) and the scripts in ``benchmarks/``."""

@@ -1,8 +1,9 @@
-"""MONAI's own pipelines as contenders of the 2.5D loading benchmark (see :mod:`medload.bench.peers`).
+"""MONAI's own pipelines as contenders of the loading benchmark (see :mod:`medload.bench.peers`).
 
 Each is written as a MONAI user would: dictionary transforms, a torch DataLoader with default collate;
 the volume caches (CacheDataset, PersistentDataset, LMDBDataset) hold ``LoadImaged`` +
-``EnsureChannelFirstd`` of each series, and the three slices and the window are taken per sample.
+``EnsureChannelFirstd`` of each series, and the sample's slices (2.5D: 3 as channels; 3D: a slab of
+``depth``) and the window are taken per sample.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import shutil
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from monai.data import CacheDataset, LMDBDataset, PersistentDataset
 from monai.data import Dataset as MonaiDataset
@@ -24,22 +24,25 @@ from medload.bench.peers import WINDOW, device_batches
 if TYPE_CHECKING:
     from medload.bench.loading import Prepared
 
-__all__ = ["Take25Dd", "monai_load_dicom", "monai_cache_dataset", "monai_persistent_dataset", "monai_lmdb_dataset"]
+__all__ = ["TakeSlicesd", "monai_load_dicom", "monai_cache_dataset", "monai_persistent_dataset",
+           "monai_lmdb_dataset"]
 
 
-class Take25Dd(MapTransform):
-    """Slices ``z-1, z, z+1`` (``z`` read from ``data[z_key]``) of a channel-first ``(1, X, Y, Z)`` volume,
-    as channels: ``(3, Y, X)`` = ``(3, rows, columns)``, the layout of a DICOM slice."""
+class TakeSlicesd(MapTransform):
+    """Slices ``z0 .. z0+depth-1`` (``z0`` read from ``data[z_key]``) of a channel-first ``(1, X, Y, Z)``
+    volume, in the layout of DICOM slices: as channels ``(depth, Y, X)`` = ``(depth, rows, columns)``
+    (2.5D), or as a slab ``(1, depth, rows, columns)`` (``slab=True``, 3D)."""
 
-    def __init__(self, keys: str | Sequence[Hashable], z_key: str = "z") -> None:
+    def __init__(self, keys: str | Sequence[Hashable], depth: int, slab: bool = False, z_key: str = "z0") -> None:
         super().__init__(keys)
-        self.z_key = z_key
+        self.depth, self.slab, self.z_key = depth, slab, z_key
 
     def __call__(self, data: Mapping) -> dict:
         d = dict(data)
-        z = int(d[self.z_key])
+        z0 = int(d[self.z_key])
         for key in self.key_iterator(d):
-            d[key] = d[key][0, :, :, z - 1 : z + 2].permute(2, 1, 0)
+            x = d[key][0, :, :, z0 : z0 + self.depth].permute(2, 1, 0)
+            d[key] = x[None] if self.slab else x
         return d
 
 
@@ -47,33 +50,33 @@ def _load() -> list:
     return [LoadImaged(keys="image", reader="PydicomReader"), EnsureChannelFirstd(keys="image")]
 
 
-def _per_sample() -> Compose:
+def _per_sample(prep: Prepared) -> Compose:
     low, high = WINDOW.bounds
     return Compose([
-        Take25Dd(keys="image"),
+        TakeSlicesd(keys="image", depth=prep.depth, slab=prep.kind == "3d"),
         ScaleIntensityRanged(keys="image", a_min=low, a_max=high, b_min=0.0, b_max=1.0, clip=True),
         EnsureTyped(keys="image", data_type="tensor", track_meta=False),
     ])
 
 
 class SamplesOfVolumes(Dataset):
-    """Sample ``i``: the cached volume of series ``series_index[i]`` cut and windowed around ``z[i]``."""
+    """Sample ``i``: the cached volume of series ``series_index[i]`` cut at ``z0[i]`` and windowed."""
 
-    def __init__(self, volumes: Dataset, series_index: np.ndarray, z: np.ndarray) -> None:
-        self.volumes, self.series_index, self.z = volumes, series_index, z
-        self.transform = _per_sample()
+    def __init__(self, volumes: Dataset, prep: Prepared) -> None:
+        self.volumes, self.series_index, self.z0 = volumes, prep.series_index, prep.z0
+        self.transform = _per_sample(prep)
 
     def __len__(self) -> int:
-        return len(self.z)
+        return len(self.z0)
 
     def __getitem__(self, i: int) -> dict:
         item = self.volumes[int(self.series_index[i])]
-        return self.transform({"image": item["image"], "z": int(self.z[i])})
+        return self.transform({"image": item["image"], "z0": int(self.z0[i])})
 
 
 def monai_load_dicom(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
-    data = [{"image": prep.series[s].dicom_dir, "z": int(z)} for s, z in zip(prep.series_index, prep.z)]
-    dataset = MonaiDataset(data, transform=Compose([*_load(), *_per_sample().transforms]))
+    data = [{"image": prep.series[s].dicom_dir, "z0": int(z)} for s, z in zip(prep.series_index, prep.z0)]
+    dataset = MonaiDataset(data, transform=Compose([*_load(), *_per_sample(prep).transforms]))
     return device_batches(dataset, batch_size, num_workers, device)
 
 
@@ -84,7 +87,7 @@ def _volumes(prep: Prepared) -> list[dict]:
 def monai_cache_dataset(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
     volumes = CacheDataset(_volumes(prep), transform=Compose(_load()), cache_rate=1.0, copy_cache=False,
                            progress=False)
-    return device_batches(SamplesOfVolumes(volumes, prep.series_index, prep.z), batch_size, num_workers, device)
+    return device_batches(SamplesOfVolumes(volumes, prep), batch_size, num_workers, device)
 
 
 def _fresh_cache(prep: Prepared, name: str):
@@ -100,10 +103,10 @@ def monai_persistent_dataset(prep: Prepared, batch_size: int, num_workers: int,
                                 cache_dir=_fresh_cache(prep, "monai_persistent"))
     for i in range(len(volumes)):  # fill the cache before timing: every timed pass is a later epoch
         volumes[i]
-    return device_batches(SamplesOfVolumes(volumes, prep.series_index, prep.z), batch_size, num_workers, device)
+    return device_batches(SamplesOfVolumes(volumes, prep), batch_size, num_workers, device)
 
 
 def monai_lmdb_dataset(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
     volumes = LMDBDataset(_volumes(prep), transform=Compose(_load()), cache_dir=_fresh_cache(prep, "monai_lmdb"),
                           progress=False)  # fills the cache in the constructor; readers open in each worker
-    return device_batches(SamplesOfVolumes(volumes, prep.series_index, prep.z), batch_size, num_workers, device)
+    return device_batches(SamplesOfVolumes(volumes, prep), batch_size, num_workers, device)

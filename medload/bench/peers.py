@@ -1,15 +1,17 @@
-"""The contenders of the 2.5D loading benchmark (``benchmarks/loading.py``), and why each is a fair peer.
+"""The contenders of the loading benchmark (``medload bench``, ``benchmarks/loading.py``), and why each
+is a fair peer.
 
-A sample is three adjacent slices ``(z-1, z, z+1)`` of one series; a batch is a float32 tensor
-``(B, 3, rows, columns)`` in 0..1 under the soft-tissue window 400/40, i.e.
-``(clip(HU, -160, 240) + 160) / 400``, on ``device``. A contender is a function
-``(prepared, batch_size, num_workers, device) -> iterable of batches``: the call sets up (fills
-caches) outside the timed passes, and each ``iter()`` is one pass over the prepared sample list, in
-order, so every contender reads the same samples. All of them start from the same synthetic CT: DICOM
+A sample is ``depth`` consecutive slices ``z0 .. z0+depth-1`` of one series: a 2.5D sample
+(``depth=3``) is laid out as channels, ``(3, rows, columns)``; a 3D sample is a slab
+``(1, depth, rows, columns)``. A batch is a float32 tensor ``(B, *sample)`` in 0..1 under the
+soft-tissue window 400/40, i.e. ``(clip(HU, -160, 240) + 160) / 400``, on ``device``. A contender is a
+function ``(prepared, batch_size, num_workers, device) -> iterable of batches``: the call sets up
+(fills caches) outside the timed passes, and each ``iter()`` is one pass over the prepared sample
+list, in order, so every contender reads the same samples. All of them start from the same CT: DICOM
 folders, the medload stores ingested from them, and .npy volumes of the same HU.
 
 - ``monai_load_dicom``: what a MONAI user writes first: ``LoadImaged(reader="PydicomReader")`` on the
-  series' DICOM folder, ``EnsureChannelFirstd``, a small MapTransform taking the three slices around z,
+  series' DICOM folder, ``EnsureChannelFirstd``, a small MapTransform taking the sample's slices,
   ``ScaleIntensityRanged(a_min=-160, a_max=240, b_min=0, b_max=1, clip=True)``,
   ``EnsureTyped(track_meta=False)`` (MONAI's own advice for speed) and a torch DataLoader with default
   collate. It reads and decodes the whole series for every sample: that is the point of the row.
@@ -22,8 +24,8 @@ folders, the medload stores ingested from them, and .npy volumes of the same HU.
 - ``monai_lmdb_dataset``: the same with ``LMDBDataset``, MONAI's LMDB-backed persistent cache (one
   pickled volume per LMDB value).
 - ``npy_memmap``: the nnU-Net way: each volume saved once as int16 .npy; an item is
-  ``np.load(path, mmap_mode="r")[z-1:z+2]`` windowed to float32 with numpy, default collate. It reads
-  only the bytes of the sample, so ratios are given against it.
+  ``np.load(path, mmap_mode="r")[z0:z0+depth]`` windowed to float32 with numpy, default collate. It
+  reads only the bytes of the sample, so ratios are given against it.
 - ``ceiling_float32``: no DataLoader and no Python per sample beyond a loop: the int16 slices read from
   the medload store's LMDB (``txn.get`` + :func:`~medload.storage.codec.decode_value`, no checksum)
   into a reused buffer and windowed into a reused float32 batch; ``num_workers`` is its thread count
@@ -32,26 +34,36 @@ folders, the medload stores ingested from them, and .npy volumes of the same HU.
   (two threads decode no faster than one), so threads speed up only the windowing.
 - ``ceiling_int16``: the same without the window: the int16 batch a GPU path would ship (windowing on
   the GPU). Its batches are int16 HU, not 0..1.
-- ``medload``: :class:`medload.data.SliceDataset` (HU int16, ``context=1``, every slice of the series;
-  the benchmark's samples are picked by a sampler) and :func:`medload.data.make_loader` with the
-  soft-tissue window applied by the loader (on the device). It reads through a 2 GB L1 of decoded
-  slices: once a pass has read the data, later passes are served from RAM, as CacheDataset's are.
+- ``medload``: :class:`medload.data.SliceDataset` (HU int16, ``context=depth//2``) or
+  :class:`medload.data.SlabDataset` (``depth``, ``stride=1``) over every slice of the series, the
+  benchmark's samples picked by a sampler, and :func:`medload.data.make_loader` with the soft-tissue
+  window applied by the loader (on the device). It reads through a 256 MB L1 of decoded slices per
+  process (the memory target: peak PSS <= 1 GB with 2 workers): what the L1 holds is served from RAM
+  in later passes, as CacheDataset's volumes are; what does not fit is read again from the store.
+  Each process's cache counters (:meth:`medload.Store.stats`: L1 hits and misses, L3 slices read) are
+  gathered from every DataLoader worker and reported with the row.
 - ``medload_uint8``: the same reading the soft-tissue uint8 planes stored at ingest
   (``plane="soft_tissue"``); values are the stored planes / 255, within 0.5/255 of the float window.
 
-The MONAI volume caches hold what LoadImaged returns (float32, its default). Caching each 2.5D sample
-instead of each volume (crop inside the cached transforms) would make the persistent caches read 3
-slices rather than a volume per sample, at the price of storing every slice three times in float32
-(6x the HU bytes) and of a sample list fixed before the first epoch; we cache volumes, as MONAI's
-examples do, and crop per sample. MONAI's PydicomReader stacks slices by InstanceNumber (not by
-position), so the benchmark writes series whose InstanceNumbers follow the slice order.
+The MONAI volume caches hold what LoadImaged returns (float32, its default). Caching each sample
+instead of each volume (crop inside the cached transforms) would make the persistent caches read one
+sample rather than a volume, at the price of storing every slice ``depth`` times in float32 and of a
+sample list fixed before the first epoch; we cache volumes, as MONAI's examples do, and crop per
+sample. MONAI's PydicomReader (1.6.1) stacks a DICOM folder by InstanceNumber, not by position, so the
+benchmark writes synthetic series whose InstanceNumbers follow the slice order, and skips the MONAI
+contenders on a user's series where they do not (it would stack another volume).
+
+Besides these, a contender may be named ``module:function`` or ``path/to/file.py:function``: your own
+loader, with the signature above, in the same table.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from importlib import import_module
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -63,18 +75,21 @@ from medload.windows import get as get_window
 if TYPE_CHECKING:
     from medload.bench.loading import Prepared
 
-__all__ = ["CONTENDERS", "CEILINGS", "WINDOW", "PeerUnavailable", "Contender", "window_into", "device_batches",
-           "npy_memmap", "ceiling_float32", "ceiling_int16", "medload_loader", "medload_uint8"]
+__all__ = ["CONTENDERS", "CEILINGS", "MEDLOAD", "MONAI", "WINDOW", "L1_BUDGET", "PeerUnavailable", "Contender",
+           "resolve", "window_into", "device_batches", "npy_memmap", "ceiling_float32", "ceiling_int16",
+           "medload_loader", "medload_uint8"]
 
 WINDOW = get_window("soft_tissue")
 _LOW, _HIGH = (np.float32(b) for b in WINDOW.bounds)
 _WIDTH = _HIGH - _LOW
+L1_BUDGET = "256MB"
+"""The L1 budget of the medload contenders (per process: the trainer and each DataLoader worker)."""
 
 Contender = Callable[["Prepared", int, int, str], Iterable[torch.Tensor]]
 
 
 class PeerUnavailable(RuntimeError):
-    """A contender cannot run here (e.g. the medload loader is not in this tree yet)."""
+    """A contender cannot run here or on these data (reported as skipped, with this message)."""
 
 
 def window_into(hu: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -99,25 +114,29 @@ class device_batches:  # noqa: N801 - used like a function
 
 
 # ---- nnU-Net style: int16 .npy volumes, memory-mapped ---------------------------------------------
-class NpyStacks(Dataset):
-    """Sample ``i``: slices ``z-1..z+1`` of a memory-mapped int16 .npy volume, windowed to float32."""
+class NpySamples(Dataset):
+    """Sample ``i``: slices ``z0 .. z0+depth-1`` of a memory-mapped int16 .npy volume, windowed to
+    float32 and shaped ``shape`` (``(depth, H, W)`` for 2.5D, ``(1, depth, H, W)`` for 3D)."""
 
-    def __init__(self, paths: list[str], series_index: np.ndarray, z: np.ndarray) -> None:
-        self.paths, self.series_index, self.z = paths, series_index, z
+    def __init__(self, paths: list[str], series_index: np.ndarray, z0: np.ndarray, depth: int,
+                 shape: tuple[int, ...]) -> None:
+        self.paths, self.series_index, self.z0, self.depth, self.shape = paths, series_index, z0, depth, shape
 
     def __len__(self) -> int:
-        return len(self.z)
+        return len(self.z0)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         volume = np.load(self.paths[self.series_index[i]], mmap_mode="r")
-        z = int(self.z[i])
-        hu = volume[z - 1 : z + 2]
-        return {"image": torch.from_numpy(window_into(hu, np.empty(hu.shape, np.float32)))}
+        z0 = int(self.z0[i])
+        hu = volume[z0 : z0 + self.depth]
+        return {"image": torch.from_numpy(window_into(hu, np.empty(hu.shape, np.float32)).reshape(self.shape))}
 
 
 def npy_memmap(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
-    paths = [s.npy for s in prep.series]
-    return device_batches(NpyStacks(paths, prep.series_index, prep.z), batch_size, num_workers, device)
+    if any(s.npy is None for s in prep.series):
+        raise PeerUnavailable("no .npy volumes were prepared")
+    dataset = NpySamples([s.npy for s in prep.series], prep.series_index, prep.z0, prep.depth, prep.sample_shape)
+    return device_batches(dataset, batch_size, num_workers, device)
 
 
 # ---- ceilings: the store's LMDB read by hand into reused buffers --------------------------------
@@ -134,11 +153,12 @@ class _Ceiling:
         self.envs = [sh.reader_env(shard_path(store.path, shards[s.key])) for s in prep.series]
         self.dbs = [env.open_db(sh.SLICES, create=False) for env in self.envs]
         self.keys = [bytes.fromhex(s.key) for s in prep.series]
-        self.series_index, self.z = prep.series_index, prep.z
+        self.series_index, self.z0, self.depth = prep.series_index, prep.z0, prep.depth
         self.batch_size, self.threads, self.windowed = batch_size, max(1, threads), windowed
-        shape = (batch_size, 3, prep.rows, prep.cols)
+        shape = (batch_size, *prep.sample_shape)
         self.host = np.empty(shape, np.float32 if windowed else np.int16)
-        self.scratch = np.empty((self.threads, 3, prep.rows, prep.cols), np.int16)
+        self.planes = self.host.reshape(batch_size, prep.depth, prep.rows, prep.cols)  # a view: slices of a sample
+        self.scratch = np.empty((self.threads, prep.depth, prep.rows, prep.cols), np.int16)
         self.device = torch.device(device)
         self.out = torch.from_numpy(self.host)
         if self.device.type != "cpu":
@@ -150,17 +170,17 @@ class _Ceiling:
         from medload.storage.keys import slice_key
 
         for b in range(lo, hi):
-            s, z = self.series_index[first + b], int(self.z[first + b])
-            dst = self.scratch[part] if self.windowed else self.host[b]
+            s, z0 = self.series_index[first + b], int(self.z0[first + b])
+            dst = self.scratch[part] if self.windowed else self.planes[b]
             with self.envs[s].begin(buffers=True) as txn:
-                for c in range(3):
-                    decode_value(txn.get(slice_key(self.keys[s], z - 1 + c), db=self.dbs[s]), verify=False,
+                for c in range(self.depth):
+                    decode_value(txn.get(slice_key(self.keys[s], z0 + c), db=self.dbs[s]), verify=False,
                                  out=dst[c])
             if self.windowed:
-                window_into(dst, self.host[b])
+                window_into(dst, self.planes[b])
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        n = len(self.z)
+        n = len(self.z0)
         for first in range(0, n, self.batch_size):
             size = min(self.batch_size, n - first)
             cuts = np.linspace(0, size, self.threads + 1).astype(int)
@@ -185,31 +205,60 @@ def ceiling_int16(prep: Prepared, batch_size: int, num_workers: int, device: str
 
 # ---- medload ------------------------------------------------------------------------------------
 class _Images:
-    """Re-iterable: ``batch["image"]`` of each batch of a loader (or the batch, if it is a tensor)."""
+    """Re-iterable: ``batch["image"]`` of each batch of a medload loader, plus the cache counters
+    (``baseline``: this process's counters when the loader was made, subtracted from row 0)."""
 
-    def __init__(self, loader: Iterable[Any]) -> None:
-        self.loader = loader
+    def __init__(self, loader: Iterable[Any], counters: torch.Tensor, baseline: torch.Tensor) -> None:
+        self.loader, self.counters, self.baseline = loader, counters, baseline
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         for batch in self.loader:
-            yield batch["image"] if isinstance(batch, dict) else batch
+            yield batch["image"]
+
+    def cache_stats(self) -> dict:
+        """Every process's counters summed; ``l1_hit_rate`` = hits / (hits + misses) (None: no lookups);
+        ``l1_bytes`` is the largest L1 of one process."""
+        from medload.bench.counted import COUNTERS
+
+        counters = self.counters.clone()
+        if counters[0].any():  # the trainer read (num_workers=0): count only this loader's reads
+            counters[0] -= self.baseline
+        rows = counters.tolist()
+        total = {name: sum(r[i] for r in rows) for i, name in enumerate(COUNTERS)}
+        total["l1_bytes"] = max(r[COUNTERS.index("l1_bytes")] for r in rows)
+        lookups = total["l1_hits"] + total["l1_misses"]
+        total["l1_hit_rate"] = total["l1_hits"] / lookups if lookups else None
+        total["l1_budget_mb"] = int(L1_BUDGET.removesuffix("MB"))
+        return total
 
 
 def _medload(prep: Prepared, batch_size: int, num_workers: int, device: str, plane: str | None) -> Iterable[torch.Tensor]:
     try:
-        from medload.data import SliceDataset, make_loader
+        from medload.bench.counted import COUNTERS, CountedSlabs, CountedSlices, counted_now
+        from medload.data import make_loader
     except ImportError as exc:
-        raise PeerUnavailable(f"not available yet: medload.data.SliceDataset/make_loader ({exc})") from exc
+        raise PeerUnavailable(f"not available yet: medload.data ({exc})") from exc
     from medload.storage.store import open_store
 
-    store = open_store(prep.store if plane is None else prep.store_u8, cache="2GB")
-    ds = SliceDataset(store, context=1, plane=plane, labels=False, keys=[s.key for s in prep.series])
-    # the dataset has every slice of every series; a sampler picks the benchmark's samples, in order
+    if plane is not None and prep.store_u8 is None:
+        raise PeerUnavailable("no store with stored uint8 planes was prepared")
+    store = open_store(prep.store if plane is None else prep.store_u8, cache=L1_BUDGET)
+    keys = [s.key for s in prep.series]
+    if prep.kind == "3d":
+        ds = CountedSlabs(store, depth=prep.depth, stride=1, plane=plane, labels=False, keys=keys)
+        first = prep.z0
+    else:
+        ds = CountedSlices(store, context=prep.depth // 2, plane=plane, labels=False, keys=keys)
+        first = prep.z0 + prep.depth // 2  # the centre slice
+    ds.counters = torch.zeros((num_workers + 1, len(COUNTERS)), dtype=torch.int64).share_memory_()
+    baseline = counted_now(store)
+    baseline[COUNTERS.index("l1_bytes")] = 0  # a level, not a count
+    # the dataset has every slice (or slab) of every series; a sampler picks the benchmark's samples, in order
     position = {(ds.index.keys[s], int(z)): i for i, (s, z) in enumerate(zip(ds.index.series, ds.index.z))}
-    order = [position[(prep.series[s].key, int(z))] for s, z in zip(prep.series_index, prep.z)]
+    order = [position[(prep.series[s].key, int(z))] for s, z in zip(prep.series_index, first)]
     loader = make_loader(ds, batch_size=batch_size, num_workers=num_workers, device=device, shuffle=False,
                          sampler=order, window=WINDOW.name if plane is None else None)
-    return _Images(loader)
+    return _Images(loader, ds.counters, baseline)
 
 
 def medload_loader(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
@@ -225,6 +274,8 @@ def _monai(name: str) -> Contender:
     """A MONAI contender, imported when called (so the other contenders' processes never load MONAI)."""
 
     def run(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
+        if prep.monai_note:
+            raise PeerUnavailable(prep.monai_note)
         return getattr(import_module("medload.bench.monai_peers"), name)(prep, batch_size, num_workers, device)
 
     run.__name__ = name
@@ -246,3 +297,24 @@ CONTENDERS: dict[str, Contender] = {
 
 CEILINGS = ("ceiling_float32", "ceiling_int16")
 """Contenders without a DataLoader: their ``num_workers`` is a thread count."""
+MEDLOAD = ("medload", "medload_uint8")
+"""medload's own contenders (the rows the ratio table compares with every peer)."""
+MONAI = ("monai_load_dicom", "monai_cache_dataset", "monai_persistent_dataset", "monai_lmdb_dataset")
+
+
+def resolve(name: str) -> Contender:
+    """A contender by its registry name, or ``module:function`` / ``path/to/file.py:function``."""
+    if name in CONTENDERS:
+        return CONTENDERS[name]
+    if ":" not in name:
+        raise KeyError(f"unknown contender {name!r}: choose from {', '.join(CONTENDERS)} or give module:function")
+    where, func = name.rsplit(":", 1)
+    if where.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(f"_bench_contender_{Path(where).stem}", where)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import contender file {where}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = import_module(where)
+    return getattr(module, func)

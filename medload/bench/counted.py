@@ -1,0 +1,45 @@
+"""medload's datasets with cache counters that reach the trainer from every DataLoader worker.
+
+A worker's L1 is its own (a forked worker starts with an empty cache), so :meth:`medload.Store.stats`
+in the trainer sees none of the workers' reads. After each batch, :class:`CountedSlices` and
+:class:`CountedSlabs` copy this process's counters into its row of a shared int64 table
+(``dataset.counters``, shape ``(num_workers + 1, len(COUNTERS))``; row 0: the trainer, row 1 + i:
+worker i), which the benchmark sums when the run ends.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from medload.data import SlabDataset, SliceDataset
+
+__all__ = ["COUNTERS", "CountedSlices", "CountedSlabs", "counted_now"]
+
+COUNTERS = ("l1_hits", "l1_misses", "l1_evictions", "l1_bytes", "l2_reads", "l3_reads")
+"""The columns of the counter table: L1 hits/misses/evictions/bytes held, slices read from L2 and L3."""
+
+
+def counted_now(store) -> torch.Tensor:
+    """This process's counters now, in :data:`COUNTERS` order (L1 and the tiers count per process)."""
+    stats = store.stats()
+    l1 = stats.get("l1") or {}
+    l2 = stats.get("l2") or {}
+    return torch.tensor((l1.get("hits", 0), l1.get("misses", 0), l1.get("evictions", 0), l1.get("bytes", 0),
+                         l2.get("hits", 0), (stats.get("l3") or {}).get("hits", 0)), dtype=torch.int64)
+
+
+class _CountedReads:
+    counters: torch.Tensor
+
+    def read_batch(self, indices, image, label) -> None:
+        super().read_batch(indices, image, label)
+        info = torch.utils.data.get_worker_info()
+        self.counters[0 if info is None else 1 + info.id] = counted_now(self.store)
+
+
+class CountedSlices(_CountedReads, SliceDataset):
+    """:class:`~medload.data.SliceDataset` that publishes its process's cache counters per batch."""
+
+
+class CountedSlabs(_CountedReads, SlabDataset):
+    """:class:`~medload.data.SlabDataset` that publishes its process's cache counters per batch."""

@@ -1,0 +1,328 @@
+"""Ingest throughput: medload at 1 and N workers against bare pydicom, dcm2niix and SimpleITK, on the
+same files in the same run.
+
+Contenders (each timed run is a fresh process, so none inherits another's imports or allocator state):
+
+- ``pydicom read+decode``: ``dcmread`` + ``pixel_array`` + rescale to int16 per file, in 1 and N
+  processes: the floor any Python ingester pays (no grouping, no geometry, no writing).
+- ``dcm2niix .nii``: Chris Rorden's C converter writing uncompressed NIfTI (one thread), the reference
+  for geometry; timed as a whole process.
+- ``SimpleITK ImageSeriesReader``: per folder, ``GetGDCMSeriesIDs`` + ``GetGDCMSeriesFileNames`` +
+  ``Execute`` for each series (GDCM decodes and rescales), one ITK thread: how ITK users load series.
+- ``medload ingest``: everything ``medload ingest`` does -- header pass, grouping, geometry checks, HU,
+  blosc2 encoding, checksums, digests, one LMDB transaction per series, shard publish -- at 1 and N
+  workers; the child tunes its allocator as the ``medload`` command does.
+
+Python contenders time their work after their imports. One untimed warm-up run per contender fills
+the page cache. Figures: files/s and MB/s from the median of the repeats (min-max kept), per core, and
+per-core ratios against pydicom (1 process), dcm2niix and SimpleITK measured in this run; plus the size
+of the medload store and of dcm2niix's NIfTI against the DICOM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+
+from medload.bench.common import cores as _cores
+from medload.bench.common import spread, tree_bytes
+
+__all__ = ["IngestContender", "contenders", "run_ingest", "make_data", "replicate", "main"]
+
+CODEC = "blosc2-lz4"
+PEERS = {"pydicom": "pydicom read+decode (1 proc)", "dcm2niix": "dcm2niix .nii (1 thread)",
+         "simpleitk": "SimpleITK ImageSeriesReader (1 thread)"}
+"""The peers every row is compared with (per core), by short name -> contender name."""
+
+
+# ---- contenders, each run in its own process -----------------------------------------------------
+def _pydicom_one(path: str) -> int:
+    """HU int16 of one file; 0 for a file that is not a DICOM image (user data may hold such files)."""
+    import pydicom
+
+    try:
+        ds = pydicom.dcmread(path)
+        pixels = ds.pixel_array
+    except (pydicom.errors.InvalidDicomError, AttributeError, ValueError, TypeError, NotImplementedError):
+        return 0
+    slope, intercept = float(ds.get("RescaleSlope", 1)), float(ds.get("RescaleIntercept", 0))
+    if slope == int(slope) and intercept == int(intercept):
+        hu = (pixels.astype(np.int32) * int(slope) + int(intercept)).astype(np.int16)
+    else:
+        hu = (pixels * slope + intercept).astype(np.float32)
+    return 1 if hu.size else 0
+
+
+def _files(src: Path) -> list[str]:
+    return sorted(str(p) for p in src.rglob("*") if p.is_file())
+
+
+def _run_pydicom(src: Path, procs: int) -> dict:
+    files = _files(src)
+    if procs == 1:
+        decoded = sum(_pydicom_one(f) for f in files)
+    else:
+        with Pool(procs) as pool:
+            decoded = sum(pool.map(_pydicom_one, files, chunksize=16))
+    return {"decoded": decoded}
+
+
+def _run_simpleitk(src: Path) -> dict:
+    import SimpleITK as sitk
+
+    sitk.ProcessObject.SetGlobalDefaultNumberOfThreads(1)
+    folders = sorted({p.parent for p in src.rglob("*") if p.is_file()})
+    read = series = 0
+    errors: list[str] = []
+    for folder in folders:
+        for uid in sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(folder)):
+            names = sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(folder), uid)
+            reader = sitk.ImageSeriesReader()
+            reader.SetFileNames(names)
+            try:
+                image = reader.Execute()
+            except RuntimeError as exc:
+                errors.append(f"{folder.name}: {str(exc).strip().splitlines()[-1][:100]}")
+                continue
+            read += len(names)
+            series += 1
+            del image
+    if series == 0:
+        raise RuntimeError(f"SimpleITK read no series ({'; '.join(errors[:3]) or 'no DICOM series found'})")
+    return {"decoded": read, "series": series, "series_failed": len(errors), "errors": errors[:5]}
+
+
+def _run_medload(src: Path, store: Path, workers: int, codec: str) -> dict:
+    from medload.config import IngestConfig
+    from medload.ingest import ingest
+
+    shutil.rmtree(store, ignore_errors=True)
+    report = ingest(src, store, config=IngestConfig(workers=workers, codec=codec))
+    if report.count("ingested") == 0:
+        raise RuntimeError(f"medload ingested nothing: {report.counts}")
+    return {"counts": dict(report.counts)}
+
+
+def _child(spec: dict) -> dict:
+    """One contender's work in this (fresh) process; the seconds exclude the imports."""
+    kind, src = spec["kind"], Path(spec["src"])
+    if kind == "medload":
+        from medload.allocator import keep_large_buffers_in_heap
+
+        keep_large_buffers_in_heap()  # as the `medload` command does for its own process
+        import medload.ingest  # noqa: F401 - imports are not timed
+    elif kind == "simpleitk":
+        import SimpleITK  # noqa: F401
+    else:
+        import pydicom  # noqa: F401
+    t0 = time.perf_counter()
+    if kind == "pydicom":
+        out = _run_pydicom(src, spec["procs"])
+    elif kind == "simpleitk":
+        out = _run_simpleitk(src)
+    else:
+        out = _run_medload(src, Path(spec["store"]), spec["workers"], spec["codec"])
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _run_child(spec: dict, timeout: float) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "medload.bench.ingest", "--child", json.dumps(spec)],
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][-1:] or [f"exit status {proc.returncode}"]
+        raise RuntimeError(tail[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _run_dcm2niix(src: Path, out: Path, timeout: float) -> dict:
+    """dcm2niix writing .nii, one thread; the whole process is timed (it is one C program)."""
+    exe = shutil.which("dcm2niix")
+    if exe is None:
+        raise FileNotFoundError("dcm2niix is not on PATH (Debian/Ubuntu: apt install dcm2niix)")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run([exe, "-z", "n", "-b", "n", "-o", str(out), "-f", "%s_%j", str(src)], capture_output=True,
+                          text=True, timeout=timeout)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"dcm2niix exit status {proc.returncode}: {proc.stderr.strip()[-200:]}")
+    return {"seconds": seconds, "nii_files": len(list(out.glob("*.nii")))}
+
+
+@dataclass(frozen=True)
+class IngestContender:
+    """A named contender: ``run()`` does one timed run and returns at least ``{"seconds": s}``."""
+
+    name: str
+    cores: int
+    run: Callable[[], dict]
+
+
+def contenders(src: Path, work: Path, *, cores: int, codecs: Sequence[str] = (CODEC,),
+               timeout: float = 1800) -> list[IngestContender]:
+    """The contenders on ``src``, writing under ``work`` (medload stores, NIfTI)."""
+    def child(**spec) -> Callable[[], dict]:
+        return lambda: _run_child({"src": str(src), **spec}, timeout)
+
+    out = [IngestContender(PEERS["pydicom"], 1, child(kind="pydicom", procs=1))]
+    if cores > 1:
+        out.append(IngestContender(f"pydicom read+decode ({cores} procs)", cores, child(kind="pydicom", procs=cores)))
+    out.append(IngestContender(PEERS["dcm2niix"], 1, lambda: _run_dcm2niix(src, work / "nii", timeout)))
+    out.append(IngestContender(PEERS["simpleitk"], 1, child(kind="simpleitk")))
+    for codec in codecs:
+        flag = "" if codec == CODEC else f" --codec {codec}"
+        tag = "" if codec == CODEC else f"-{codec}"
+        out.append(IngestContender(f"medload ingest{flag} (1 worker)", 1,
+                                   child(kind="medload", store=str(work / f"store1{tag}"), workers=1, codec=codec)))
+        if cores > 1 and codec == CODEC:
+            out.append(IngestContender(f"medload ingest ({cores} workers)", cores,
+                                       child(kind="medload", store=str(work / f"storeN{tag}"), workers=cores,
+                                             codec=codec)))
+    return out
+
+
+def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: Sequence[str] = (CODEC,),
+               timeout: float = 1800, progress: bool = True, source: str | None = None) -> dict:
+    """Time every contender on the files under ``src`` (scratch space under ``work``); every figure.
+
+    A contender that fails is kept, with ``status="failed"`` and its ``error``; the others run on.
+    """
+    from medload.progress import progress_bar
+
+    src, work = Path(src), Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    ncores = _cores()
+    files = [p for p in src.rglob("*") if p.is_file()]
+    dicom_bytes = sum(p.stat().st_size for p in files)
+    mb = dicom_bytes / 1e6
+    plan = contenders(src, work, cores=ncores, codecs=codecs, timeout=timeout)
+    rows = []
+    with progress_bar("ingest runs", len(plan) * (warmup + repeats), enabled=progress) as advance:
+        for c in plan:
+            row = {"contender": c.name, "cores": c.cores, "status": "ok", "error": None}
+            try:
+                results = []
+                for n in range(warmup + repeats):
+                    res = c.run()
+                    advance(1)
+                    if n >= warmup:
+                        results.append(res)
+            except Exception as exc:  # reported as a failed row, with its message
+                row.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+                rows.append(row)
+                continue
+            seconds = [r["seconds"] for r in results]
+            s = spread(seconds)
+            row.update(seconds=seconds, seconds_median=s["median"], seconds_min=s["min"], seconds_max=s["max"],
+                       files_per_s=len(files) / s["median"], mb_per_s=mb / s["median"],
+                       files_per_s_per_core=len(files) / s["median"] / c.cores)
+            detail = {k: v for k, v in results[-1].items() if k != "seconds"}
+            if detail:
+                row["detail"] = detail
+            rows.append(row)
+    by_name = {r["contender"]: r for r in rows}
+    for r in rows:
+        r["ratios"] = {}
+        for short, name in PEERS.items():
+            peer = by_name.get(name, {}).get("files_per_s_per_core")
+            own = r.get("files_per_s_per_core")
+            r["ratios"][short] = own / peer if own and peer else None
+    store = work / "store1"
+    nii = work / "nii"
+    sizes = {"dicom_mb": mb, "store_codec": CODEC,
+             "store_mb": tree_bytes(store) / 1e6 if store.exists() else None,
+             "nii_mb": tree_bytes(nii) / 1e6 if nii.exists() and any(nii.iterdir()) else None}
+    sizes["store_x_dicom"] = sizes["store_mb"] / mb if sizes["store_mb"] and mb else None
+    sizes["nii_x_dicom"] = sizes["nii_mb"] / mb if sizes["nii_mb"] and mb else None
+    return {"status": "ok", "source": source or str(src), "files": len(files), "megabytes": mb, "cores": ncores,
+            "repeats": repeats, "warmup": warmup, "rows": rows, "sizes": sizes}
+
+
+# ---- data ----------------------------------------------------------------------------------------
+def make_data(root: Path, series: int, slices: int) -> Path:
+    """``series`` synthetic 512x512 CT series (axial and oblique, signed and unsigned) under ``root/dicom``."""
+    from medload.synthetic import SeriesSpec, make_series
+
+    src = root / "dicom"
+    for i in range(series):
+        spec = SeriesSpec(n_slices=slices, rows=512, cols=512, pixel_spacing=(0.7, 0.7), slice_spacing=1.0,
+                          orientation="axial" if i % 2 == 0 else "oblique", signed=bool(i % 2),
+                          bits_stored=16 if i % 2 else 12)
+        make_series(src, spec, seed=100 + i, series_number=i + 1)
+    return src
+
+
+def replicate(src: Path, root: Path, copies: int) -> Path:
+    """N copies of every DICOM file under ``src``, each copy with new Study/Series/SOP Instance UIDs."""
+    import pydicom
+
+    out = root / "replicated"
+    files = sorted(p for p in src.rglob("*") if p.is_file())
+    for n in range(copies):
+        target = out / f"copy{n:03d}"
+        target.mkdir(parents=True)
+        uids: dict[str, str] = {}
+        for i, path in enumerate(files):
+            try:
+                ds = pydicom.dcmread(path)
+            except pydicom.errors.InvalidDicomError:
+                continue
+            for kw in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID"):
+                if kw in ds:
+                    setattr(ds, kw, uids.setdefault(str(getattr(ds, kw)), pydicom.uid.generate_uid()))
+            if "SOPInstanceUID" in ds:
+                ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+            ds.save_as(target / f"{i:05d}.dcm")
+    return out
+
+
+# ---- the command-line script (benchmarks/ingest.py) ----------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        print(json.dumps(_child(json.loads(argv[1]))))
+        return
+    ap = argparse.ArgumentParser(prog="benchmarks/ingest.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, help="folder of DICOM files (default: generate synthetic CT)")
+    ap.add_argument("--replicate", type=int, default=0, help="copies of --data with new UIDs")
+    ap.add_argument("--series", type=int, default=8)
+    ap.add_argument("--slices", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--codec", action="append", default=None,
+                    help=f"medload codecs to time at 1 worker (repeatable; default {CODEC} and raw)")
+    args = ap.parse_args(argv)
+
+    from medload.bench.report import print_tables, section_tables
+
+    codecs = tuple(dict.fromkeys([CODEC, *(args.codec or ["raw"])]))
+    with tempfile.TemporaryDirectory(prefix="medload-bench-") as tmp:
+        tmp = Path(tmp)
+        os.environ.setdefault("MEDLOAD_KEY_FILE", str(tmp / "bench.key"))
+        src = args.data or make_data(tmp, args.series, args.slices)
+        if args.replicate:
+            src = replicate(src, tmp, args.replicate)
+        label = ("synthetic CT" if args.data is None else str(args.data)) + (
+            f" x{args.replicate} (new UIDs)" if args.replicate else "")
+        result = run_ingest(src, tmp / "work", repeats=args.repeats, codecs=codecs, source=label)
+    print_tables(section_tables({"ingest": result}))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""``run_bench`` end to end on tiny data: every printed figure is in the returned dict and the JSON, failed
+and skipped contenders are reported with their reason, the plot is a PNG, the README tables are markdown."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from medload.bench import report
+from medload.bench.run import BenchConfig, run_bench
+from medload.errors import ConfigError
+
+TINY = BenchConfig(series_25d=2, slices_25d=5, size_25d=48, series_3d=1, slices_3d=7, size_3d=32, depth_3d=4,
+                   ingest_repeats=1, ingest_warmup=0, workers=(2,), workers_3d=(0,), warmup=1, batches=1, repeats=2,
+                   batch_size=2, max_pass_s=None, scaling=(1, 2), gpu_steps=2, timeout=120)
+
+
+def broken_loader(prep, batch_size: int, num_workers: int, device: str):
+    """A contender of our own that fails (resolved by the benchmark from this file)."""
+    raise RuntimeError("boom: this loader is broken on purpose")
+
+
+def printed_rows(text: str) -> list[list[str]]:
+    """The body rows of every rich table in ``text``, as stripped cells."""
+    return [[c.strip() for c in line.strip().strip("│").split("│")] for line in text.splitlines()
+            if line.startswith("│")]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    """One tiny run of every section, with dcm2niix hidden and a broken contender added."""
+    out = tmp_path_factory.mktemp("run")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PATH", str(out))  # no dcm2niix: its row must say so (the children are started by absolute path)
+    cfg = BenchConfig(**{**TINY.__dict__, "extra_contenders": (f"{__file__}:broken_loader",)})
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            results = run_bench(config=cfg, json_out=out / "bench.json", plot=out / "bench.png", progress=False)
+    finally:
+        mp.undo()
+    return results, buf.getvalue(), out
+
+
+def test_printed_tables_are_the_figures_of_the_results(bench):
+    results, text, out = bench
+    printed = printed_rows(text)
+    tables = report.section_tables(results)
+    assert [t.title.split(":")[0] for t in tables] == [
+        "Ingest", "Size on disk", "2.5D loading", "3D loading", "medload against each peer", "Scaling",
+        "Memory target", "GPU"]
+    for table in tables:
+        for cells, failed in zip(table.rows, table.failed):
+            if not failed:  # failed rows fold their long message over lines
+                assert cells in printed, (table.title, cells)
+    # ... and the cells are the dict's numbers
+    for sec in results["loading"].values():
+        for r in sec["rows"]:
+            if r["status"] != "ok":
+                continue
+            cells = next(c for c in printed if c[:2] == [r["contender"] + (" (int16)" if r["dtype"] == "int16" else ""),
+                                                        report._workers_label(r)] and len(c) == 9
+                         and c[2].startswith(report.fmt_rate(r["samples_per_s"])))
+            assert cells[2] == (f"{report.fmt_rate(r['samples_per_s'])} ({report.fmt_rate(r['samples_per_s_min'])}-"
+                                f"{report.fmt_rate(r['samples_per_s_max'])})")
+            assert cells[3] == report.fmt_ratio(r["x_npy_memmap"]) and cells[5] == report.fmt_int(r["peak_pss_mb"])
+            if r["contender"] in ("medload", "medload_uint8"):
+                assert cells[6] == report.fmt_pct(r["cache"]["l1_hit_rate"]) and r["cache"]["l1_misses"] > 0
+                assert r["ratios"]["monai_cache_dataset"] == pytest.approx(
+                    r["samples_per_s"] / next(p["samples_per_s"] for p in sec["rows"]
+                                              if p["contender"] == "monai_cache_dataset"
+                                              and p["num_workers"] == r["num_workers"]))
+    ingest = {r["contender"]: r for r in results["ingest"]["rows"]}
+    medload1 = ingest["medload ingest (1 worker)"]
+    assert [report.fmt_int(medload1["files_per_s"]), report.fmt_ratio(medload1["ratios"]["pydicom"])] == \
+        next(c for c in printed if c[0] == "medload ingest (1 worker)")[3:7:3]
+    assert results["ingest"]["sizes"]["store_mb"] > 0 and results["ingest"]["sizes"]["nii_mb"] is None
+    assert f"wall time {results['wall_s']:.0f} s" in text
+    # the JSON holds every figure: it is the returned dict
+    assert json.loads((out / "bench.json").read_text()) == json.loads(json.dumps(results, default=str))
+
+
+def test_failed_and_skipped_are_reported_never_dropped(bench):
+    results, text, _ = bench
+    dcm2niix = next(r for r in results["ingest"]["rows"] if r["contender"].startswith("dcm2niix"))
+    assert dcm2niix["status"] == "failed" and "dcm2niix is not on PATH" in dcm2niix["error"]
+    assert dcm2niix["ratios"] == {"pydicom": None, "dcm2niix": None, "simpleitk": None}
+    for kind, sec in results["loading"].items():
+        broken = [r for r in sec["rows"] if r["contender"].endswith(":broken_loader")]
+        workers = (2,) if kind == "2.5d" else (0,)
+        assert [r["num_workers"] for r in broken] == list(workers)
+        assert all(r["status"] == "failed" and "boom: this loader is broken on purpose" in r["error"] for r in broken)
+        assert all(r["status"] == "ok" for r in sec["rows"] if r not in broken), kind
+    assert "failed: RuntimeError: boom: this loader is broken on purpose" in text  # the row and, in full, its note
+    assert results["gpu"] == {"status": "skipped", "reason": "no CUDA device (torch.cuda.is_available() is False)"}
+    assert "skipped: no CUDA device" in text
+
+
+def test_scaling_and_targets(bench):
+    results, _, _ = bench
+    sc = results["scaling"]
+    assert [r["series"] for r in sc["rows"]] == [1, 2] and all(r["status"] == "ok" for r in sc["rows"])
+    assert sc["rows"][0]["x_first"] == 1.0 and sc["rows"][1]["slices"] == 10
+    assert all(r["cache"]["l1_hits"] + r["cache"]["l1_misses"] > 0 for r in sc["rows"])
+    runs = [t["run"] for t in results["targets"]]
+    assert "2.5d medload, 2 workers" in runs and "scaling, 2 series, 2 workers" in runs
+    assert all(t["met"] == (t["peak_pss_mb"] <= 1000) for t in results["targets"])
+
+
+def test_plot_is_a_png_and_readme_tables_are_markdown(bench):
+    results, _, out = bench
+    png = (out / "bench.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    import matplotlib.image
+
+    assert matplotlib.image.imread(out / "bench.png").ndim == 3
+    md = report.readme_tables(results)
+    assert md.startswith("`medload bench` on ") and "| contender | workers | samples/s (min-max) |" in md
+    assert "boom: this loader is broken on purpose" in md and md.count("|---|") >= 7
+
+
+def test_user_data_skips_what_cannot_apply(tmp_path):
+    """--data: MONAI cannot stack series whose InstanceNumbers are shuffled, and no series is thick enough
+    for the 3D slabs: both are reported, the others run."""
+    from medload.synthetic import SeriesSpec, make_series
+
+    for i in range(2):
+        make_series(tmp_path / "dicom" / f"s{i}", SeriesSpec(n_slices=5, rows=32, cols=32), seed=i,
+                    series_number=i + 1, shuffle=True)
+    cfg = BenchConfig(**{**TINY.__dict__, "contenders": ("monai_cache_dataset", "npy_memmap", "medload"),
+                         "workers": (0,), "depth_3d": 8})
+    results = run_bench(config=cfg, data=tmp_path / "dicom", sections=["loading"], progress=False)
+    sec = results["loading"]["2.5d"]
+    rows = {r["contender"]: r for r in sec["rows"]}
+    assert rows["monai_cache_dataset"]["status"] == "skipped"
+    assert "InstanceNumbers do not follow the slice order" in rows["monai_cache_dataset"]["reason"]
+    assert rows["npy_memmap"]["status"] == rows["medload"]["status"] == "ok" and sec["series"] == 2
+    assert results["loading"]["3d"]["status"] == "skipped"
+    assert "at least 8 slices" in results["loading"]["3d"]["reason"]
+    assert results["config"]["command"] == f"medload bench --data {tmp_path / 'dicom'} --sections loading"
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="unknown benchmark sections"):
+        run_bench(sections=["loading", "speed"], config=TINY, progress=False)
+    with pytest.raises(ConfigError, match="not a folder"):
+        run_bench(data=tmp_path / "missing", config=TINY, progress=False)
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        run_bench(device="cuda", config=TINY, progress=False)
+
+
+def test_gpu_measures_run_on_the_cpu_too(tmp_path):
+    """The GPU section's code path, on the CPU (host clocks, no H2D): it trains and augments."""
+    from medload.bench.gpu import measure
+    from medload.bench.loading import prepare
+
+    prep = prepare(tmp_path, series=1, slices=5, rows=32, cols=32, samples=8)
+    out = measure(prep, "cpu", batch_size=2, num_workers=0, warmup=1, steps=2)
+    by = {m["name"]: m for m in out["measures"]}
+    assert by["H2D bandwidth"]["status"] == "skipped"
+    assert not [m for m in out["measures"] if m.get("status") == "failed"], out["measures"]
+    assert 0 < by["GPU utilisation (busy / wall, timed steps)"]["value"] <= 1
+    assert by["samples/s on the device, with BatchAugment"]["value"] > 0
+
+
+def test_the_command_line_runs_a_section_and_writes_json_and_markdown(tmp_path):
+    """``medload bench`` as a user runs it: a real quick ingest section, its figures in JSON and markdown."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "medload.cli", "bench", "--quick", "--sections", "ingest", "--no-progress",
+           "--json", str(tmp_path / "b.json"), "--readme", str(tmp_path / "b.md")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["contender"]: r for r in json.loads((tmp_path / "b.json").read_text())["ingest"]["rows"]}
+    assert rows["medload ingest (1 worker)"]["files_per_s"] > 0
+    assert "| medload ingest (1 worker) |" in (tmp_path / "b.md").read_text()
+    bad = subprocess.run([*cmd[:3], "bench", "--sections", "speed"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown benchmark sections" in bad.stderr
