@@ -28,7 +28,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["IngestConfig", "CacheConfig", "MedloadConfig", "load_config", "with_overrides", "parse_size"]
+__all__ = ["IngestConfig", "CacheConfig", "MedloadConfig", "load_config", "with_overrides", "parse_size", "format_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
@@ -46,12 +46,21 @@ def parse_size(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
+def format_size(size: int) -> str:
+    """``"4 GB"``, ``"512 MB"``: a byte count in decimal units, three significant digits at most."""
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size} bytes"
+
+
 @dataclass(frozen=True)
 class IngestConfig:
     """How ``medload ingest`` decides and works. Policies reject by default; each names the problem.
 
     Attributes:
-        workers: decoding processes (``None``: all cores; 1: everything in this process).
+        workers: decoding processes (``None``: all cores); each input is read and decoded in one of
+            them, never in the writing process (see :mod:`medload.ingest.isolation`).
         codec: slice codec for a new store (see :mod:`medload.storage.codec`).
         windows: names of pre-windowed uint8 planes to store besides HU (see :mod:`medload.windows`).
         spacing_tolerance_mm, spacing_tolerance_rel: a slice may sit at most
@@ -62,7 +71,19 @@ class IngestConfig:
             affine that places every slice where its ImagePositionPatient says (flagged ``sheared``).
         shard_bytes: publish a shard and start a new one past this size.
         max_frame_pixels, max_frames: caps checked against the header before any pixel is decoded.
+        worker_memory: memory cap of one decoding process in bytes (its data segment, ``RLIMIT_DATA``;
+            see :mod:`medload.ingest.isolation`); an input that needs more is quarantined. 0: no cap.
+        decode_timeout: seconds one input may take in a decoding process (its header, or one plane);
+            the process is killed past it and the input quarantined. 0: no limit.
+        plausibility: what to do with CT pixels that decode but cannot be real (see
+            :mod:`medload.ingest.plausibility`): ``"reject"`` the series, ``"flag"`` it (stored, with
+            a flag naming the slice), or ``"off"``.
         strict: a run that rejected anything exits non-zero.
+
+    Example:
+        >>> from medload.ingest import ingest
+        >>> cfg = IngestConfig(workers=4, windows=("lung",), tilt_policy="shear")
+        >>> report = ingest("dicom/", "stores/ct", config=cfg)   # doctest: +SKIP
     """
 
     workers: int | None = None
@@ -75,6 +96,9 @@ class IngestConfig:
     shard_bytes: int = 4 * 10**9
     max_frame_pixels: int = 16384 * 16384
     max_frames: int = 100_000
+    worker_memory: int = 4 * 10**9
+    decode_timeout: float = 60.0
+    plausibility: str = "reject"
     strict: bool = False
 
     def __post_init__(self) -> None:
@@ -84,6 +108,10 @@ class IngestConfig:
             raise ConfigError(f"workers must be at least 1, got {self.workers}")
         if self.spacing_tolerance_mm <= 0 or self.duplicate_tolerance_mm <= 0:
             raise ConfigError("tolerances must be positive")
+        if self.plausibility not in ("reject", "flag", "off"):
+            raise ConfigError(f"plausibility {self.plausibility!r}: use 'reject', 'flag' or 'off'")
+        if self.worker_memory < 0 or self.decode_timeout < 0:
+            raise ConfigError("worker memory and decode timeout must be >= 0 (0: no limit)")
 
     @property
     def worker_count(self) -> int:
@@ -139,6 +167,8 @@ _CACHE_KEYS = {"l1": ("l1_bytes", parse_size), "hot_dir": ("hot_dir", Path), "ho
 _INGEST_KEYS = {"workers": ("workers", int), "codec": ("codec", str), "windows": ("windows", tuple),
                 "tilt_policy": ("tilt_policy", str), "shard_size": ("shard_bytes", parse_size),
                 "strict": ("strict", bool), "spacing_tolerance_mm": ("spacing_tolerance_mm", float),
+                "worker_memory": ("worker_memory", parse_size), "decode_timeout": ("decode_timeout", float),
+                "plausibility": ("plausibility", str),
                 "spacing_tolerance_rel": ("spacing_tolerance_rel", float),
                 "duplicate_tolerance_mm": ("duplicate_tolerance_mm", float)}
 

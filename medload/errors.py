@@ -16,11 +16,20 @@ __all__ = [
     "SeriesNotFoundError",
     "ChecksumError",
     "InputProblem",
+    "RemoteSourceError",
 ]
 
 
 class MedloadError(Exception):
-    """Base class of every error medload raises."""
+    """Base class of every error medload raises.
+
+    Example:
+        >>> try:
+        ...     medload.open_store("no/such/store")
+        ... except medload.MedloadError as exc:
+        ...     print(exc)   # what went wrong, and what to do
+        no/such/store is not a medload store (no store.json): create it with `medload ingest`
+    """
 
 
 class ConfigError(MedloadError, ValueError):
@@ -54,7 +63,8 @@ class InputProblem(MedloadError):
     """One input (a file, an archive member, or a series) cannot be ingested.
 
     Attributes:
-        stage: where it was found: ``discover``, ``header``, ``series``, ``geometry`` or ``decode``.
+        stage: where it was found: ``retrieve`` (DICOMweb), ``discover``, ``header``, ``series``, ``geometry``,
+            ``decode`` or ``plausibility``.
         reason: one line saying what is wrong with the input.
         skipped: ``True`` when the input is valid DICOM that is simply not a volume (a localizer, a
             secondary capture, a structured report...), ``False`` when it is broken or rejected by policy.
@@ -65,3 +75,8 @@ class InputProblem(MedloadError):
         self.stage = stage
         self.reason = reason
         self.skipped = skipped
+
+
+class RemoteSourceError(MedloadError):
+    """A remote source (a DICOMweb server) cannot be used at all: unreachable, untrusted certificate,
+    credentials refused, or a failed search. One instance it cannot deliver is an :class:`InputProblem`."""

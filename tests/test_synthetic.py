@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +38,7 @@ from medload.synthetic import (
     write_localizer,
     write_secondary_capture,
 )
+from medload.synthetic import broken
 
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 
@@ -307,3 +310,25 @@ def test_cli_writes_three_series(tmp_path: Path) -> None:
     assert len({ds.SeriesInstanceUID for ds in headers}) == 3 and len(headers) == 36
     assert {ds.file_meta.TransferSyntaxUID for ds in headers} == {ExplicitVRLittleEndian, RLELossless}
     assert "wrote series" in run.stderr
+
+
+def test_broken_variants_are_broken_as_described(tmp_path: Path) -> None:
+    """Each byte-level damage of medload.synthetic.broken changes what it says, and only that."""
+    gen = make_series(tmp_path / "t", SeriesSpec(n_slices=1, rows=16, cols=16), seed=3)
+    template = pydicom.dcmread(gen.paths[0])
+    data = broken.with_uids(template, "a")
+    assert broken.with_uids(template, "a") == data != broken.with_uids(template, "b")
+    for target in broken.HEADER_TARGETS:
+        flipped = broken.flip_header(data, target, 5)
+        assert len(flipped) == len(data) and sum(a != b for a, b in zip(flipped, data)) == 1
+    pixel = broken.element_offset(data, 0x7FE00010, b"OW")
+    assert struct.unpack("<I", broken.set_pixel_data_length(data, 7)[pixel + 8 : pixel + 12]) == (7,)
+    bad_rows = pydicom.dcmread(io.BytesIO(broken.wrong_vr(data, *broken.WRONG_VRS[0])), stop_before_pixels=True)
+    assert bad_rows["Rows"].VR == "DS" and bad_rows.SOPInstanceUID == pydicom.dcmread(io.BytesIO(data)).SOPInstanceUID
+    bomb = pydicom.dcmread(io.BytesIO(broken.deflate_bomb(template, "c", 3 << 20)))
+    assert bomb.file_meta.TransferSyntaxUID.name == "Deflated Explicit VR Little Endian"
+    assert len(bomb.PixelData) == 2 << 20 and not any(bomb.PixelData) and bomb.Rows == 16
+    j2k = make_series(tmp_path / "j", SeriesSpec(n_slices=1, rows=32, cols=32, transfer_syntax=JPEG2000Lossless), seed=4)
+    resized = broken.codestream_size(j2k.paths[0].read_bytes(), 40000, 300)
+    siz = resized.find(b"\xff\x4f\xff\x51")
+    assert struct.unpack(">II", resized[siz + 8 : siz + 16]) == (40000, 300)

@@ -13,6 +13,7 @@ expanded, archives inside archives are not. Messages carry no paths: the caller 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -29,7 +30,8 @@ from medload.errors import InputProblem
 from medload.ingest.archives import (HEAD_BYTES, READ_ERRORS, ArchiveLimits, DiscoveryProblem, SourceRef, Spool,
                                      archive_kind, describe, is_junk, scan_archive)
 
-__all__ = ["SourceRef", "DiscoveryProblem", "ArchiveLimits", "discover", "read_source", "open_source"]
+__all__ = ["SourceRef", "DiscoveryProblem", "ArchiveLimits", "discover", "read_source", "open_source",
+           "problem_sha256"]
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +155,21 @@ class _Walker:
             yield SourceRef(path, None, info.st_size)
         else:
             yield from scan_archive(path, kind, self._limits, self._spool)
+
+
+def problem_sha256(problem: DiscoveryProblem) -> str | None:
+    """sha256 of a refused plain file (an empty file, a damaged or capped archive); None for links (not
+    followed), refused archive members (not read) and what cannot be read."""
+    try:
+        if problem.member is not None or not stat.S_ISREG(os.lstat(problem.path).st_mode):
+            return None
+        digest = hashlib.sha256()
+        with open(problem.path, "rb") as file:
+            while chunk := file.read(1 << 20):
+                digest.update(chunk)
+        return digest.hexdigest()
+    except OSError:
+        return None
 
 
 def read_source(ref: SourceRef, *, max_bytes: int | None = None) -> bytes:

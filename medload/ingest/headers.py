@@ -4,7 +4,9 @@ One :class:`SliceHeader` per image plane (one per frame of an Enhanced multi-fra
 :mod:`medload.ingest.multiframe`). Identifiers are pseudonymised here, in the worker, so raw UIDs and
 patient IDs never leave this function. For native (uncompressed) transfer syntaxes the header records
 where the pixel values start, so the decode pass reads them with one ``read`` and no second parse.
-Declared sizes are checked against the file before any pixel is decoded (DESIGN.md §5).
+Declared sizes are checked before any pixel is decoded (DESIGN.md §5): Rows x Columns x
+NumberOfFrames against the caps, native Pixel Data against its declared length and the file size,
+and encapsulated Pixel Data item by item (:mod:`medload.ingest.encapsulated`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from __future__ import annotations
 import io
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import pydicom
+from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 from pydicom.uid import (UID, DeflatedExplicitVRLittleEndian, ExplicitVRBigEndian, ExplicitVRLittleEndian,
@@ -25,6 +28,7 @@ from medload.errors import InputProblem
 from medload.ingest import tags
 from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import SourceRef, open_source, read_source
+from medload.ingest.encapsulated import check_encapsulated
 from medload.ingest.labels import LABEL_SOP_CLASSES, LabelInput, label_input_from_dataset
 from medload.ingest.planes import frame_plane_fields, has_functional_groups, plane_fields
 
@@ -115,11 +119,15 @@ def read_headers(ref: SourceRef, pseudo: Pseudonymizer, cfg: IngestConfig) -> li
             length, value_offset = 0xFFFFFFFF, 0
         else:
             length, value_offset = _pixel_element(fp, pixel_pos, syntax)
-    if length is None:
-        raise InputProblem("header", "no Pixel Data (7FE0,0010) in an image object")
-    base = _base_fields(ds, ref, pseudo, sop_class, syntax)
-    frames = tags.integer(ds, "NumberOfFrames", default=1)
-    _check_sizes(base, frames, length, value_offset, ref.size, syntax, cfg)
+        if length is None:
+            raise InputProblem("header", "no Pixel Data (7FE0,0010) in an image object")
+        base = _base_fields(ds, ref, pseudo, sop_class, syntax)
+        frames = tags.integer(ds, "NumberOfFrames", default=1)
+        _check_sizes(base, frames, length, value_offset, ref.size, syntax, cfg)
+        if syntax not in NATIVE_SYNTAXES and syntax != DeflatedExplicitVRLittleEndian:
+            end = ref.size if length == 0xFFFFFFFF else value_offset + length
+            check_encapsulated(fp, value_offset, end, ref.size, syntax, base["rows"], base["cols"],
+                               base["samples_per_pixel"], base["bits_allocated"] // 8, frames)
     base["pixel_offset"] = value_offset if syntax in NATIVE_SYNTAXES else None
     base["number_of_frames"] = frames
     if has_functional_groups(ds):
@@ -127,19 +135,52 @@ def read_headers(ref: SourceRef, pseudo: Pseudonymizer, cfg: IngestConfig) -> li
     return [SliceHeader(frame=None, **base, **plane_fields(ds))]
 
 
+class _Bounded:
+    """A file whose ``read(n)`` never asks for more than is left. pydicom reads a damaged element's
+    declared length at once, and a buffered file allocates the whole request first (up to 4 GB)."""
+
+    def __init__(self, file: BinaryIO, size: int) -> None:
+        self._file, self._size, self._pos = file, size, 0
+
+    def read(self, n: int | None = -1) -> bytes:
+        left = max(0, self._size - self._pos)
+        data = self._file.read(left if n is None or n < 0 or n > left else n)
+        self._pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._pos = self._file.seek(offset, whence)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def __enter__(self) -> _Bounded:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file.close()
+
+
 def _open(ref: SourceRef) -> BinaryIO:
     if ref.member is None:
-        return open_source(ref)
+        return cast(BinaryIO, _Bounded(open_source(ref), ref.size))
     return io.BytesIO(read_source(ref))
 
 
 def _parse(fp: BinaryIO) -> Dataset:
     try:
-        return pydicom.dcmread(fp, stop_before_pixels=True)
+        ds = pydicom.dcmread(fp, stop_before_pixels=True)
     except InvalidDicomError:
-        pass  # no "DICM" preamble: some old exports lack it; accept only if it parses as an image
+        ds = _parse_without_preamble(fp)
     except Exception as exc:  # pydicom raises many types on damaged headers
         raise InputProblem("header", f"unreadable DICOM header: {type(exc).__name__}: {exc}") from None
+    _check_complete(ds)
+    return ds
+
+
+def _parse_without_preamble(fp: BinaryIO) -> Dataset:
+    """Some old exports lack the "DICM" preamble: accept such a file only if it parses as an image."""
     fp.seek(0)
     try:
         ds = pydicom.dcmread(fp, stop_before_pixels=True, force=True)
@@ -149,6 +190,18 @@ def _parse(fp: BinaryIO) -> Dataset:
     except Exception:
         raise InputProblem("header", "not a DICOM file (no DICM preamble and no parsable image header)") from None
     return ds
+
+
+def _check_complete(ds: Dataset) -> None:
+    """Raise if the file ends inside its last element (of the dataset, or of the file meta information if
+    the dataset is empty): pydicom keeps the shorter value without a word."""
+    group = ds if len(ds) else getattr(ds, "file_meta", None)
+    if not group:
+        return
+    last = group.get_item(next(reversed(group.keys())))
+    if isinstance(last, RawDataElement) and last.length != 0xFFFFFFFF and len(last.value or b"") < last.length:
+        raise InputProblem("header", f"truncated file: element ({last.tag.group:04X},{last.tag.element:04X}) "
+                                     f"declares {last.length} bytes, the file holds {len(last.value or b'')}")
 
 
 def _transfer_syntax(ds: Dataset) -> str:
@@ -193,15 +246,20 @@ def _check_sizes(base: dict, frames: int, length: int, value_offset: int, file_s
     if base["samples_per_pixel"] != 1 or base["photometric"] not in ("MONOCHROME1", "MONOCHROME2"):
         raise InputProblem("header", f"colour image ({base['photometric']}, {base['samples_per_pixel']} samples) "
                                      "is not a CT/MR/PET volume", skipped=True)
-    if syntax not in NATIVE_SYNTAXES or length == 0xFFFFFFFF:
-        return  # encapsulated: fragment sizes are checked by the decoder
+    if syntax == DeflatedExplicitVRLittleEndian:
+        return  # pydicom inflates the whole dataset (within the worker memory cap); no offsets to check
+    if length != 0xFFFFFFFF and value_offset + length > file_size:
+        raise InputProblem("header", f"Pixel Data (7FE0,0010) declares {length} bytes from offset {value_offset} "
+                                     f"but the file has {file_size} bytes: truncated file or damaged length")
+    if syntax not in NATIVE_SYNTAXES:
+        return  # encapsulated: see medload.ingest.encapsulated
+    if length == 0xFFFFFFFF:
+        raise InputProblem("header", "Pixel Data (7FE0,0010) has undefined length in a native (uncompressed) "
+                                     "transfer syntax: damaged")
     needed = rows * cols * frames * (base["bits_allocated"] // 8)
     if length < needed:
         raise InputProblem("header", f"Pixel Data holds {length} bytes; {rows} x {cols} x {frames} frames "
                                      f"of {base['bits_allocated']} bits need {needed}")
-    if value_offset + needed > file_size:
-        raise InputProblem("header", f"truncated file: Pixel Data needs {needed} bytes from offset "
-                                     f"{value_offset} but the file has {file_size} bytes")
 
 
 def _base_fields(ds: Dataset, ref: SourceRef, pseudo: Pseudonymizer, sop_class: str, syntax: str) -> dict:

@@ -3,8 +3,10 @@
 Workers receive the pseudonymisation key and settings once (:func:`init_worker`) and then only small
 task descriptions. A decode chunk covers consecutive slots of one series; it returns ready store
 values (codec payload + checksum; written into the shared-memory ring when the writer provides one),
-pre-windowed planes, and per-slice digests, so the single writer only has to ``put`` bytes. Problems
-never escape as exceptions: they come back as :class:`Failure`.
+pre-windowed planes, per-slice digests and plausibility notes, so the single writer only has to
+``put`` bytes. Problems never escape as exceptions: they come back as :class:`Failure`. Tasks
+:func:`~medload.ingest.isolation.mark` each input they start, so the supervisor can name the input
+that crashed or hung a worker.
 """
 
 from __future__ import annotations
@@ -17,18 +19,21 @@ import xxhash
 
 from medload import windows as win
 from medload.allocator import keep_large_buffers_in_heap
-from medload.config import IngestConfig
+from medload.config import IngestConfig, format_size
 from medload.errors import InputProblem
+from medload.ingest import plausibility
 from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import SourceRef, read_source
 from medload.ingest.headers import SliceHeader, read_headers
+from medload.ingest.isolation import mark
 from medload.ingest.labels import LabelInput
 from medload.ingest.pixels import LoadedFile, decode_plane
 from medload.ingest.ring import RingSlot, SlotWriter, Span
 from medload.storage.codec import encode_value, get_codec
 from medload.storage.digest import slice_digest
 
-__all__ = ["init_worker", "header_batch", "decode_chunk", "DecodeChunk", "EncodedSlice", "Failure", "FATAL"]
+__all__ = ["init_worker", "header_batch", "decode_chunk", "source_sha256", "DecodeChunk", "EncodedSlice", "Failure",
+           "FATAL"]
 
 
 @dataclass(frozen=True)
@@ -54,10 +59,16 @@ class DecodeChunk:
     dtype: str
     ring: RingSlot | None = None
 
+    @property
+    def planes(self) -> list[SliceHeader]:
+        """Every plane of the chunk, in the order the task marks them (slot by slot)."""
+        return [h for slot in self.slots for h in slot]
+
 
 @dataclass(frozen=True)
 class EncodedSlice:
-    """One slice ready for the store: its value and window planes as bytes, or as spans of the ring."""
+    """One slice ready for the store: its value and window planes as bytes, or as spans of the ring;
+    for CT under a plausibility policy, a thumbnail and why its values are implausible (if they are)."""
 
     z: int
     value: bytes | Span
@@ -65,6 +76,8 @@ class EncodedSlice:
     digest: bytes
     source_hash: str
     padding: int
+    thumb: np.ndarray | None = None
+    implausible: str | None = None
 
 
 #: What a worker lets through. Everything else raised while reading one input -- including the
@@ -88,26 +101,49 @@ def init_worker(key: bytes, cfg: IngestConfig, *, own_process: bool = True) -> N
         keep_large_buffers_in_heap()
 
 
-def _sha256(ref: SourceRef) -> str | None:
+def source_sha256(ref: SourceRef) -> str | None:
+    """sha256 of the bytes of ``ref``, or None if they cannot be read."""
     try:
         return hashlib.sha256(read_source(ref)).hexdigest()
     except InputProblem:
         return None
 
 
+def _out_of_memory(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or an exception it was raised from (readers wrap what they catch) is a MemoryError."""
+    while exc is not None:
+        if isinstance(exc, MemoryError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _failure(ref: SourceRef, stage: str, exc: BaseException) -> Failure:
+    """The quarantine verdict on ``ref`` for ``exc``; memory exhaustion names the worker memory cap."""
+    skipped = False
+    if _out_of_memory(exc):
+        cap = _State.cfg.worker_memory
+        reason = (f"exceeded the {format_size(cap)} worker memory cap (raise --worker-memory if such inputs "
+                  "are expected)") if cap else f"out of memory: {type(exc).__name__}: {exc}"
+    elif isinstance(exc, InputProblem):
+        stage, reason, skipped = exc.stage, exc.reason, exc.skipped
+    else:
+        reason = f"{type(exc).__name__}: {exc}"
+    return Failure(ref.display, stage, reason, skipped, source_sha256(ref))
+
+
 def header_batch(refs: list[SourceRef]) -> list[list[SliceHeader] | LabelInput | Failure]:
     """Header pass over a batch of inputs: per input, its planes, the LabelInput of a SEG/RTSTRUCT, or a
     :class:`Failure`."""
     out: list[list[SliceHeader] | Failure] = []
-    for ref in refs:
+    for i, ref in enumerate(refs):
+        mark(i)
         try:
             out.append(read_headers(ref, _State.pseudo, _State.cfg))
-        except InputProblem as exc:
-            out.append(Failure(ref.display, exc.stage, exc.reason, exc.skipped, _sha256(ref)))
         except FATAL:
             raise
         except BaseException as exc:  # noqa: BLE001 -- a damaged file must never stop the run (see FATAL)
-            out.append(Failure(ref.display, "header", f"{type(exc).__name__}: {exc}", False, _sha256(ref)))
+            out.append(_failure(ref, "header", exc))
     return out
 
 
@@ -116,12 +152,15 @@ def decode_chunk(chunk: DecodeChunk) -> list[EncodedSlice] | Failure:
     cfg = _State.cfg
     codec = get_codec(cfg.codec)
     windows = [win.get(name) for name in cfg.windows]
+    check = cfg.plausibility != "off" and chunk.modality == "CT"
     out = []
     sink = SlotWriter(chunk.ring)
     loaded: dict[SourceRef, LoadedFile] = {}
+    first = 0  # index of the slot's first plane in chunk.planes
     for i, slot in enumerate(chunk.slots):
         z = chunk.z0 + i
-        resolved = _resolve_slot(slot, chunk, loaded)
+        resolved = _resolve_slot(slot, chunk, loaded, first)
+        first += len(slot)
         if isinstance(resolved, Failure):
             return Failure(resolved.source, resolved.stage, f"slice {z}: {resolved.reason}", False, resolved.sha256)
         values, padding, source_hash = resolved
@@ -132,6 +171,8 @@ def decode_chunk(chunk: DecodeChunk) -> list[EncodedSlice] | Failure:
             digest=slice_digest(values),
             source_hash=source_hash,
             padding=padding,
+            thumb=plausibility.thumbnail(values) if check else None,
+            implausible=plausibility.value_problem(values) if check else None,
         ))
     return out
 
@@ -145,28 +186,28 @@ def _load(ref: SourceRef, loaded: dict[SourceRef, LoadedFile]) -> LoadedFile:
     return file
 
 
-def _resolve_slot(slot: list[SliceHeader], chunk: DecodeChunk,
-                  loaded: dict[SourceRef, LoadedFile]) -> tuple[np.ndarray, int, str] | Failure:
-    """Decode a slot: (values, padding pixels, xxh3 of the source file) or a Failure.
+def _resolve_slot(slot: list[SliceHeader], chunk: DecodeChunk, loaded: dict[SourceRef, LoadedFile],
+                  first: int) -> tuple[np.ndarray, int, str] | Failure:
+    """Decode a slot whose planes are ``chunk.planes[first:]``: (values, padding pixels, xxh3 of the
+    source file) or a Failure.
 
     Planes sharing one position (duplicates) must hold identical values; then the first, in the
     header-pass order (by SOP instance pseudonym, independent of file names), is kept.
     """
     kept: tuple[np.ndarray, int, str] | None = None
-    for h in slot:
+    for j, h in enumerate(slot):
+        mark(first + j)
         try:
             file = _load(h.ref, loaded)
             values, padding = decode_plane(file, h, chunk.modality, chunk.dtype)
-        except InputProblem as exc:
-            return Failure(h.ref.display, exc.stage, exc.reason, False, _sha256(h.ref))
         except FATAL:
             raise
         except BaseException as exc:  # noqa: BLE001 -- see FATAL
-            return Failure(h.ref.display, "decode", f"{type(exc).__name__}: {exc}", False, _sha256(h.ref))
+            return _failure(h.ref, "decode", exc)
         if kept is None:
             kept = (values, padding, xxhash.xxh3_64_hexdigest(file.data))
         elif not np.array_equal(kept[0], values):
             return Failure(h.ref.display, "decode", f"conflicting duplicates: {slot[0].ref.display} and "
                            f"{h.ref.display} share one position but hold different pixels; policy: reject",
-                           False, _sha256(h.ref))
+                           False, source_sha256(h.ref))
     return kept

@@ -4,9 +4,11 @@
 ground-truth HU, positions and RAS affine; :func:`make_study` writes several series of one study into
 one folder. :func:`write_localizer`, :func:`write_secondary_capture` and :func:`write_broken_files`
 write the non-volume and broken files an ingester must skip or quarantine; :func:`make_rtstruct`
-writes an RTSTRUCT with known polygons for a generated series.
+writes an RTSTRUCT with known polygons for a generated series. :func:`write_bad_corpus` writes more
+than 200 broken inputs of every kind (:mod:`medload.synthetic.broken` makes each) among good series.
 """
 
+from medload.synthetic.corpus import BadCorpus, BadInput, write_bad_corpus
 from medload.synthetic.extras import write_broken_files, write_localizer, write_secondary_capture
 from medload.synthetic.phantom import phantom_hu
 from medload.synthetic.rtstruct import make_rtstruct, square_polygon
@@ -25,6 +27,9 @@ __all__ = [
     "write_localizer",
     "write_secondary_capture",
     "write_broken_files",
+    "write_bad_corpus",
+    "BadCorpus",
+    "BadInput",
     "make_rtstruct",
     "square_polygon",
 ]
