@@ -84,3 +84,20 @@ def slice_header(position, orientation=AXIAL, *, name: str = "slice.dcm", instan
         transfer_syntax="1.2.840.10008.1.2.1", pixel_offset=0, number_of_frames=1, echo="", stack="",
         file_size=1000,
     )
+
+
+def flip_stored_value(shard: Path, key: bytes, db: bytes = b"slices") -> int:
+    """Flip one bit in the middle of the value of ``key`` in sub-database ``db`` of a shard directory,
+    in every copy of it in ``data.mdb`` (LMDB may keep stale copies of a page); returns the copies."""
+    from medload.storage.shard import reader_env
+
+    env = reader_env(shard)  # this process's handle: a Store or verify may have opened the shard already
+    with env.begin() as txn:
+        value = bytes(txn.get(key, db=env.open_db(db, txn=txn, create=False)))
+    data = bytearray((shard / "data.mdb").read_bytes())
+    hits, at = 0, data.find(value)
+    while at >= 0:
+        data[at + len(value) // 2] ^= 0x40
+        hits, at = hits + 1, data.find(value, at + 1)
+    (shard / "data.mdb").write_bytes(bytes(data))
+    return hits

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,11 +14,14 @@ import lmdb
 import numpy as np
 import pytest
 
+from conftest import flip_stored_value
 from medload.config import IngestConfig
+from medload.errors import ConfigError
 from medload.ingest.run import ingest
 from medload.storage.keys import slice_key
 from medload.storage.manifest import file_digest, read_manifest, shard_path, write_manifest
 from medload.storage.records import SeriesRecord
+from medload.storage.shard import close_reader_envs
 from medload.storage.verify import verify_store
 from medload.synthetic import SeriesSpec, make_rtstruct, make_series
 
@@ -66,6 +72,7 @@ def _shard_dir(store: Path) -> Path:
 def _edit_shard(store: Path, edit) -> None:
     """Change the published shard with LMDB, then make store.json agree, so only the key-level checks can tell."""
     path = _shard_dir(store)
+    close_reader_envs([path])  # LMDB allows one handle per process: drop a reader's
     env = lmdb.open(str(path), map_size=1 << 30, max_dbs=64)
     try:
         with env.begin(write=True) as txn:
@@ -89,17 +96,7 @@ def test_clean_store_verifies(store):
 def test_flipped_byte_in_a_value_names_the_slice_and_the_shard(store):
     rec = _records(store)[8]
     path = _shard_dir(store)
-    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=64)
-    with env.begin() as txn:
-        value = bytes(txn.get(slice_key(rec.key_bytes, 2), db=env.open_db(b"slices", txn=txn, create=False)))
-    env.close()
-    data = bytearray((path / "data.mdb").read_bytes())
-    hits, at = 0, data.find(value)
-    while at >= 0:  # LMDB may keep stale copies of a page: damage every one
-        data[at + len(value) // 2] ^= 0x40
-        hits, at = hits + 1, data.find(value, at + 1)
-    assert hits >= 1
-    (path / "data.mdb").write_bytes(bytes(data))
+    assert flip_stored_value(path, slice_key(rec.key_bytes, 2)) >= 1
 
     report = verify_store(store)
     assert not report.ok
@@ -189,6 +186,8 @@ def test_deep_finds_a_modified_source_file(built, store, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(built / "src", src)
     recs = _records(store)
+    with pytest.raises(ConfigError):
+        verify_store(store, deep=True)  # deep needs the sources
     assert verify_store(store, deep=True, sources=[src]).ok
 
     only_b = verify_store(store, deep=True, sources=[src / "b"])  # a's sources not given: a note, not damage
@@ -216,3 +215,84 @@ def test_swapped_slices_pass_their_checksums_but_not_the_series_digest(store):
     report = verify_store(store)
     assert [(d.kind, d.where) for d in report.damage] == [("series", rec.key)]
     assert "content digest" in report.damage[0].detail
+
+
+def test_a_b_tree_pointing_past_the_file_kills_a_child_not_the_verifier(store):
+    """A damaged node offset in a dupsort index page makes LMDB read past the end of the mapped file:
+    SIGBUS, not an error. A shard whose digest differs is read in a child process, so verify survives it."""
+    import struct
+
+    patient = _records(store)[6].patient.encode()
+    data_path = _shard_dir(store) / "data.mdb"
+    data, hits = bytearray(data_path.read_bytes()), 0
+    for page in range(0, len(data), 4096):  # MDB_page: pgno u64, pad u16, flags u16, lower u16, upper u16, ptrs
+        flags, lower = struct.unpack_from("<HH", data, page + 10)
+        for i in range(16, lower, 2) if flags & 0x02 else ():  # P_LEAF
+            node = page + struct.unpack_from("<H", data, page + i)[0]  # MDB_node: lo, hi, flags, ksize, key, data
+            lo, _, node_flags, ksize = struct.unpack_from("<HHHH", data, node)
+            if node_flags & 0x04 and data[node + 8 : node + 8 + ksize] == patient:  # F_DUPDATA: a sub-page follows
+                sub = node + 8 + ksize
+                struct.pack_into("<H", data, sub + 16, 0xFFF0)  # its first node "lies" 64 KB further on
+                hits += 1
+    assert hits >= 1
+    data_path.write_bytes(bytes(data))
+    report = verify_store(store)
+    assert ("shard", _shard_dir(store).name[: -len(".lmdb")]) in {(d.kind, d.where) for d in report.damage}
+    assert any("killed the reader" in d.detail for d in report.damage), report.damage
+
+
+def test_a_key_in_two_shards_is_damage_unless_the_later_one_marks_it_replaced(store):
+    a, b = _records(store)[8], _records(store)[6]
+    first = read_manifest(store).shards[0]
+    shutil.copytree(_shard_dir(store), store / "shards" / "copy.lmdb")
+    manifest = read_manifest(store)
+    manifest.shards.append(replace(first, name="copy"))
+    write_manifest(store, manifest)
+    dup = [(d.kind, d.where, d.shard) for d in verify_store(store).damage]
+    assert sorted(dup) == [("label", a.key, "copy"), ("series", a.key, "copy"), ("series", b.key, "copy")]
+
+    path = store / "shards" / "copy.lmdb"
+    close_reader_envs([path])  # verify's handle: LMDB allows one per process
+    env = lmdb.open(str(path), map_size=1 << 30, max_dbs=64)
+    with env.begin(write=True) as txn:
+        for rec in (a, b):
+            txn.put(rec.key_bytes, b"", db=env.open_db(b"replaced", txn=txn))
+    env.close()
+    (path / "lock.mdb").unlink(missing_ok=True)
+    data = path / "data.mdb"
+    manifest.shards[1] = replace(first, name="copy", bytes=data.stat().st_size, digest=file_digest(data))
+    write_manifest(store, manifest)
+    report = verify_store(store)
+    assert report.ok, report.damage
+    assert (report.series, report.slices, report.labels) == (2, 14, 1)  # the superseded copies are not checked
+    assert sorted(d.where for d in report.notes) == sorted([a.key, b.key])
+    assert all(f"superseded copy in shard {first.name}" in d.detail and "bytes reclaimable" in d.detail
+               for d in report.notes)
+
+
+def test_cli_verify_names_a_flipped_byte_a_deleted_key_and_a_truncated_shard(built, tmp_path, monkeypatch):
+    """Acceptance (issue 7), through the real command: exit 1 and a line naming the series and z, or the shard."""
+    monkeypatch.setenv("MEDLOAD_KEY_FILE", str(built / "key"))
+    for name in ("clean", "flipped", "deleted", "truncated"):
+        shutil.copytree(built / "store", tmp_path / name)
+    a = _records(tmp_path / "clean")[8]
+    shard = _shard_dir(tmp_path / "clean").name[: -len(".lmdb")]
+    flip_stored_value(_shard_dir(tmp_path / "flipped"), slice_key(a.key_bytes, 2))
+    _edit_shard(tmp_path / "deleted",
+                lambda env, txn: txn.delete(slice_key(a.key_bytes, 3), db=env.open_db(b"slices", txn=txn)))
+    data = _shard_dir(tmp_path / "truncated") / "data.mdb"
+    os.truncate(data, data.stat().st_size // 2)
+
+    def verify(name: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "medload.cli", "verify", str(tmp_path / name), "--no-progress",
+                               *args], capture_output=True, text=True)
+
+    clean = verify("clean", "--json")
+    assert clean.returncode == 0 and json.loads(clean.stdout)["ok"] is True
+    flipped, deleted, truncated = verify("flipped"), verify("deleted"), verify("truncated")
+    assert flipped.returncode == deleted.returncode == truncated.returncode == 1
+    assert f"{a.key} z=2: value fails its xxh3_64 checksum" in flipped.stdout and shard in flipped.stdout
+    assert f"{a.key}: missing slice 3 of 8" in deleted.stdout
+    assert f"shard    {shard}: data.mdb is truncated" in truncated.stdout
+    assert all("DAMAGED" in p.stdout.splitlines()[-1] for p in (flipped, deleted, truncated))
+    assert verify("clean", "--deep").returncode == 2  # a usage error: --deep needs --sources

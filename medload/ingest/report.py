@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from medload.storage.records import RejectRecord
 
 __all__ = ["SeriesOutcome", "LabelOutcome", "IngestReport"]
 
-STATUSES = ("ingested", "present", "skipped", "rejected", "conflict")
+STATUSES = ("ingested", "replaced", "present", "skipped", "rejected", "conflict", "not_found")
 
 
 @dataclass(frozen=True)
 class SeriesOutcome:
-    """One candidate volume: ``ingested``, ``present`` (already in the store), ``skipped`` (not a
-    volume), ``rejected`` (a policy or a broken file refused it) or ``conflict`` (its key is stored
-    from different source instances; left unchanged)."""
+    """One candidate volume: ``ingested``, ``replaced`` (forced: written again over the stored copy),
+    ``present`` (already in the store), ``skipped`` (not a volume), ``rejected`` (a policy or a broken
+    file refused it), ``conflict`` (its key is stored from different source instances; left unchanged)
+    or ``not_found`` (forced, but none of its files is among the sources; left unchanged)."""
 
     key: str
     status: str
@@ -29,7 +30,8 @@ class SeriesOutcome:
 @dataclass(frozen=True)
 class LabelOutcome:
     """One label input: ``ingested`` onto series ``key``, ``present`` (stored before), ``conflict``
-    (the series has a different label) or ``rejected`` (with the reason)."""
+    (the series has a different label) or ``rejected`` (with the reason); or a stored label
+    ``dropped`` with the copy of its series that a forced ingest replaced."""
 
     key: str | None
     source: str
@@ -65,9 +67,21 @@ class IngestReport:
         return [r for r in self.rejects if r.status == status]
 
     def exit_code(self, strict: bool) -> int:
-        """0, or 1 under ``strict`` when anything was rejected or in conflict."""
+        """0; 1 when a forced series was not found among the sources, or, under ``strict``, when
+        anything was rejected or in conflict."""
         bad = self.count("conflict") + len(self.quarantined("rejected"))
-        return 1 if strict and bad else 0
+        return 1 if self.count("not_found") or (strict and bad) else 0
+
+    def mark_replaced(self, replaced: dict[bytes, bool]) -> None:
+        """Series written over a stored copy (key -> whether its stored labels were dropped, see
+        :attr:`~medload.storage.writer.StoreWriter.replaced`) become ``replaced``; dropped labels are listed."""
+        self.series = [replace(s, status="replaced") if s.status == "ingested" and bytes.fromhex(s.key) in replaced
+                       else s for s in self.series]
+        for key, dropped in sorted(replaced.items()):
+            if dropped:
+                self.labels.append(LabelOutcome(key.hex(), "stored label", "dropped", "", (), (
+                    "replaced together with its series: ingest it again with --labels (or SEG/RTSTRUCT among the "
+                    "sources)")))
 
     @property
     def files_per_second(self) -> float:

@@ -1,40 +1,40 @@
 """``ingest``: sources → header pass → series → geometry → decode in workers → one writer → report.
 
-Decoding runs in worker processes (default: all cores) and returns encoded store values; this process
-is the only writer. Work is submitted in series order and consumed in that order through a bounded
-window, so memory stays bounded and every series is written in one transaction as soon as its last
-chunk arrives. Worker processes are started before any LMDB environment is opened (py-lmdb's rule
-for ``fork``).
+Headers are read and pixels decoded in supervised worker processes (default: all cores; see
+:mod:`medload.ingest.isolation`), so an input that crashes, exhausts or hangs a decoder is quarantined
+and the run goes on; this process is the only writer. Work is submitted in series order and consumed
+in that order through a bounded window, so memory stays bounded and every series is written in one
+transaction as soon as its last chunk arrives. Worker processes are started before any LMDB
+environment is opened (py-lmdb's rule for ``fork``).
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import shutil
-import sys
 import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 from medload import windows as win
 from medload.config import IngestConfig
 from medload.errors import ConfigError, InputProblem
+from medload.ingest import plausibility
 from medload.ingest.deid import Pseudonymizer, load_key
-from medload.ingest.discover import DiscoveryProblem, SourceRef, discover
+from medload.ingest.discover import DiscoveryProblem, SourceRef, discover, problem_sha256
 from medload.ingest.geometry import Geometry, plan_geometry
 from medload.ingest.headers import SliceHeader
+from medload.ingest.isolation import IsolatedPool, Job, Lost
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput, label_inputs_from_path
 from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.ring import SliceRing
 from medload.ingest.series import SeriesCandidate, group_series
-from medload.ingest.worker import DecodeChunk, EncodedSlice, Failure, decode_chunk, header_batch, init_worker
+from medload.ingest.worker import (DecodeChunk, EncodedSlice, Failure, decode_chunk, header_batch, init_worker,
+                                   source_sha256)
 from medload.progress import progress_bar
 from medload.labels.grid import SeriesGrid
 from medload.storage.codec import get_codec
@@ -49,11 +49,13 @@ log = logging.getLogger(__name__)
 
 _HEADER_BATCH = 32
 _CHUNK_BYTES = 8 << 20
+_MAX_RING_SLOT = 64 << 20  # a chunk larger than this (one huge plane) goes through the pipe instead
 
 
 def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, config: IngestConfig | None = None,
            key_file: str | Path | None = None, progress: bool = False, labels: Sequence[str | Path] = (),
-           roi_map: dict[str, list[str]] | None = None) -> IngestReport:
+           roi_map: dict[str, list[str]] | None = None, force: Sequence[str] = (),
+           force_only: bool = False) -> IngestReport:
     """Ingest DICOM files, folders and zip/tar archives into the store at ``store``.
 
     Bad inputs never stop the run: they are quarantined in the store's ``rejects`` with a reason, and
@@ -62,6 +64,12 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     Labels: DICOM SEG and RTSTRUCT among the sources pair with the series they reference; ``labels``
     adds folders of masks or SEG/RTSTRUCT files, or mapping files (see :mod:`medload.ingest.labels`);
     ``roi_map`` (``{"liver": ["Liver", "LIVER_1"]}``) gives RTSTRUCT ROIs consistent class ids.
+
+    ``force`` names stored series (hex keys, or unique prefixes of at least 8 digits; an unknown one is an
+    error) to write again from ``sources``: the new copy replaces the stored one (status ``replaced``,
+    see :mod:`medload.storage.live`), and so do its labels, which must come with it (``labels``, or
+    SEG/RTSTRUCT among the sources) or are dropped. A forced series none of whose files is among the
+    sources is ``not_found``. ``force_only`` writes nothing but the forced series (``medload repair``).
 
     Example:
         >>> report = ingest("sample_data/philips_ct_head/dicom", "stores/sample")  # doctest: +SKIP
@@ -74,13 +82,17 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     missing = [str(s) for s in listed if not Path(s).exists()]
     if missing:
         raise ConfigError(f"source not found: {', '.join(missing)} (give existing files, folders or archives)")
+    if force and not (Path(store) / "store.json").is_file():
+        raise ConfigError(f"--force writes stored series again, but {store} is not a store: check the path")
     started = time.perf_counter()
     key = load_key(key_file)
     pseudo = Pseudonymizer(key)
     report = IngestReport(store=str(store))
-    with _executor(cfg, key) as pool, StoreWriter(Path(store), codec=cfg.codec, windows=cfg.windows,
+    with IsolatedPool(cfg.worker_count, init_worker, (key, cfg), memory=cfg.worker_memory,
+                      timeout=cfg.decode_timeout) as pool, StoreWriter(Path(store), codec=cfg.codec, windows=cfg.windows,
                                                   key_fingerprint=pseudo.fingerprint,
                                                   shard_bytes=cfg.shard_bytes) as writer:
+        forced = set(writer.force(force))
         staging = writer.root / "staging"
         for old in staging.glob("spool-*"):
             shutil.rmtree(old, ignore_errors=True)
@@ -94,7 +106,7 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
             refs = _discover(sources, spool, report) + label_files
             headers = _header_pass(pool, refs, report, progress, label_inputs)
             candidates = group_series(headers)
-            plans = _plan(candidates, writer, cfg, report)
+            plans = _plan(candidates, writer, cfg, report, forced, force_only)
             assigner = None
             if label_inputs:
                 stored = {r.key_bytes: r for r in open_store(writer.root).series()} if writer.manifest.shards else {}
@@ -106,50 +118,18 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
             writer.put_rejects(report.rejects)
         finally:
             shutil.rmtree(spool, ignore_errors=True)
+    report.mark_replaced(writer.replaced)
     report.seconds = time.perf_counter() - started
     log.info("ingest of %d files took %.1f s (%.0f files/s)", report.files, report.seconds, report.files_per_second)
     return report
 
 
 # ---- execution -----------------------------------------------------------------------------------
-class _InlineExecutor(Executor):
-    """``workers=1``: run tasks in this process, with the same interface as the pool."""
-
-    def submit(self, fn, /, *args, **kwargs) -> Future:
-        future: Future = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:
-            future.set_exception(exc)
-        return future
-
-
-def _noop() -> None:
-    return None
-
-
-@contextmanager
-def _executor(cfg: IngestConfig, key: bytes) -> Iterator[Executor]:
-    n = cfg.worker_count
-    if n == 1:
-        init_worker(key, cfg, own_process=False)
-        yield _InlineExecutor()
-        return
-    method = "fork" if sys.platform.startswith("linux") else "spawn"
-    pool = ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context(method), initializer=init_worker,
-                               initargs=(key, cfg))
-    try:
-        pool.submit(_noop).result()  # with fork, all workers start now: before any LMDB env is open
-        yield pool
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _ordered(pool: Executor, fn: Callable, chunks: list[DecodeChunk], window: int,
+def _ordered(pool: IsolatedPool, fn: Callable, chunks: list[DecodeChunk], window: int,
              ring: SliceRing | None) -> Iterator[tuple[DecodeChunk, object]]:
     """(chunk, result) in chunk order, at most ``window`` chunks in flight, each holding a ring slot
     until the caller has consumed its result."""
-    pending: deque[tuple[DecodeChunk, Future]] = deque()
+    pending: deque[tuple[DecodeChunk, Job]] = deque()
     todo = iter(chunks)
     while True:
         while len(pending) < window and (chunk := next(todo, None)) is not None:
@@ -158,8 +138,8 @@ def _ordered(pool: Executor, fn: Callable, chunks: list[DecodeChunk], window: in
             pending.append((chunk, pool.submit(fn, chunk)))
         if not pending:
             return
-        chunk, future = pending.popleft()
-        yield chunk, future.result()
+        chunk, job = pending.popleft()
+        yield chunk, pool.wait(job)
         if chunk.ring is not None:
             ring.release(chunk.ring)
 
@@ -170,7 +150,7 @@ def _discover(sources, spool: Path, report: IngestReport) -> list[SourceRef]:
     for item in discover(sources, spool_dir=spool):
         if isinstance(item, DiscoveryProblem):
             report.rejects.append(RejectRecord("skipped" if item.skipped else "rejected", "discover", item.reason,
-                                               item.display))
+                                               item.display, problem_sha256(item)))
         else:
             refs.append(item)
     report.files = len(refs)
@@ -178,14 +158,25 @@ def _discover(sources, spool: Path, report: IngestReport) -> list[SourceRef]:
     return refs
 
 
-def _header_pass(pool: Executor, refs: list[SourceRef], report: IngestReport, progress: bool,
+def _header_pass(pool: IsolatedPool, refs: list[SourceRef], report: IngestReport, progress: bool,
                  label_inputs: list[LabelInput]) -> list[SliceHeader]:
-    """Image planes of every input; SEG/RTSTRUCT objects are added to ``label_inputs``."""
-    batches = [refs[i : i + _HEADER_BATCH] for i in range(0, len(refs), _HEADER_BATCH)]
+    """Image planes of every input; SEG/RTSTRUCT objects are added to ``label_inputs``. An input that
+    brings its worker down is quarantined and the rest of its batch read again."""
+    jobs = deque((pool.submit(header_batch, refs[i : i + _HEADER_BATCH]), refs[i : i + _HEADER_BATCH])
+                 for i in range(0, len(refs), _HEADER_BATCH))
     headers: list[SliceHeader] = []
     with progress_bar("reading headers", len(refs), enabled=progress) as advance:
-        for future in as_completed([pool.submit(header_batch, b) for b in batches]):
-            results = future.result()
+        while jobs:
+            job, batch = jobs.popleft()
+            results = pool.wait(job)
+            if isinstance(results, Lost):
+                culprit, rest = batch[results.index], batch[: results.index] + batch[results.index + 1 :]
+                report.rejects.append(RejectRecord("rejected", "header", results.reason, culprit.display,
+                                                   source_sha256(culprit)))
+                if rest:
+                    jobs.append((pool.submit(header_batch, rest), rest))
+                advance(1)
+                continue
             for res in results:
                 if isinstance(res, Failure):
                     report.rejects.append(RejectRecord("skipped" if res.skipped else "rejected", res.stage,
@@ -206,16 +197,20 @@ class _Plan:
         self.failure: Failure | None = None
 
 
-def _plan(candidates: list[SeriesCandidate], writer: StoreWriter, cfg: IngestConfig, report: IngestReport) -> list[_Plan]:
+def _plan(candidates: list[SeriesCandidate], writer: StoreWriter, cfg: IngestConfig, report: IngestReport,
+          forced: set[bytes], force_only: bool) -> list[_Plan]:
+    """The candidates to write: those not stored yet, and the ``forced`` ones (only those with ``force_only``)."""
     plans = []
     for cand in candidates:
+        if force_only and cand.key not in forced:
+            continue
         outcome = dict(key=cand.key.hex(), modality=cand.first.modality, planes=len(cand.headers))
         if cand.skip_reason:
             report.series.append(SeriesOutcome(status="skipped", reason=cand.skip_reason, **outcome))
             report.rejects.append(_series_record(cand, "skipped", "series", cand.skip_reason))
             continue
         stored = writer.series_fingerprints.get(cand.key)
-        if stored is not None:
+        if stored is not None and cand.key not in forced:
             if stored == cand.fingerprint:
                 report.series.append(SeriesOutcome(status="present", **outcome))
             else:
@@ -229,6 +224,9 @@ def _plan(candidates: list[SeriesCandidate], writer: StoreWriter, cfg: IngestCon
             report.rejects.append(_series_record(cand, "rejected", exc.stage, exc.reason))
             continue
         plans.append(_Plan(cand, geom))
+    for key in sorted(forced - {c.key for c in candidates}):
+        report.series.append(SeriesOutcome(key.hex(), "not_found", "", 0, reason=(
+            "forced, but none of its files is among the sources: the stored copy is left unchanged")))
     return plans
 
 
@@ -254,17 +252,17 @@ class _SeriesInProgress:
         self.digests: list[bytes] = []
         self.sources: list[str] = []
         self.padding = 0
+        self.thumbs: list = []
+        self.notes: list[str | None] = []
 
 
-def _decode_and_write(pool: Executor, writer: StoreWriter, plans: list[_Plan], cfg: IngestConfig,
+def _decode_and_write(pool: IsolatedPool, writer: StoreWriter, plans: list[_Plan], cfg: IngestConfig,
                       report: IngestReport, progress: bool, labels: LabelAssigner | None) -> None:
     chunks = list(_chunks(plans))
     if not chunks:
         return
     window = 4 * cfg.worker_count + 8  # chunks in flight: enough to keep workers busy through a commit's fsync
-    ring = None
-    if not isinstance(pool, _InlineExecutor):  # in-process work needs no transport
-        ring = SliceRing.create(min(window, len(chunks)), max(_chunk_bound(c, cfg) for c in chunks))
+    ring = SliceRing.create(min(window, len(chunks)), min(_MAX_RING_SLOT, max(_chunk_bound(c, cfg) for c in chunks)))
     current: _SeriesInProgress | None = None
     try:
         with progress_bar("decoding and writing slices", sum(len(c.slots) for c in chunks), enabled=progress) as advance:
@@ -273,28 +271,55 @@ def _decode_and_write(pool: Executor, writer: StoreWriter, plans: list[_Plan], c
                 advance(len(chunk.slots))
                 if plan.failure is not None:
                     continue
+                if isinstance(result, Lost):
+                    h = chunk.planes[result.index]
+                    result = Failure(h.ref.display, "decode", result.reason, False, source_sha256(h.ref))
                 if isinstance(result, Failure):
-                    plan.failure = result
                     if current is not None and current.plan is plan:
                         current.txn.abort()
                         current = None
-                    _record_outcome(report, plan, "rejected", f"{result.reason} ({result.source})")
-                    report.rejects.append(RejectRecord("rejected", result.stage, result.reason, result.source,
-                                                       result.sha256, series=plan.cand.key.hex()))
+                    _reject(report, plan, result)
                     continue
                 if current is None or current.plan is not plan:
                     current = _SeriesInProgress(plan, writer.begin_series(plan.cand.key, _estimate(plan, cfg)))
                 _put(current, result, ring)
                 if chunk.z0 + len(chunk.slots) == len(plan.geom.slots):
-                    _commit(current, cfg, labels)
-                    report.slices_written += len(plan.geom.slots)
-                    _record_outcome(report, plan, "ingested", None)
+                    _finish_series(current, cfg, labels, report)
                     current = None
     finally:
         if current is not None:
             current.txn.abort()
         if ring is not None:
             ring.close()
+
+
+def _reject(report: IngestReport, plan: _Plan, failure: Failure) -> None:
+    plan.failure = failure
+    _record_outcome(report, plan, "rejected", f"{failure.reason} ({failure.source})")
+    report.rejects.append(RejectRecord("rejected", failure.stage, failure.reason, failure.source, failure.sha256,
+                                       series=plan.cand.key.hex()))
+
+
+def _finish_series(state: _SeriesInProgress, cfg: IngestConfig, labels: LabelAssigner | None,
+                   report: IngestReport) -> None:
+    """Commit a fully decoded series -- unless its pixels are implausible and the policy rejects them."""
+    plan = state.plan
+    flags: list[str] = []
+    found = plausibility.series_problem(state.notes, state.thumbs)
+    if found is not None:
+        z, reason = found
+        if cfg.plausibility == "reject":
+            state.txn.abort()
+            ref = plan.geom.slots[z][0].ref
+            _reject(report, plan, Failure(ref.display, "plausibility", f"slice {z}: {reason}", False,
+                                          source_sha256(ref)))
+            return
+        log.warning("series %s, slice %d: %s (kept, flagged: plausibility policy 'flag')",
+                    plan.cand.key.hex()[:12], z, reason)
+        flags.append(f"implausible_slice_{z}")
+    _commit(state, cfg, labels, flags)
+    report.slices_written += len(plan.geom.slots)
+    _record_outcome(report, plan, "ingested", None)
 
 
 def _chunk_bound(chunk: DecodeChunk, cfg: IngestConfig) -> int:
@@ -321,9 +346,11 @@ def _put(state: _SeriesInProgress, slices: list[EncodedSlice], ring: SliceRing |
         state.digests.append(s.digest)
         state.sources.append(s.source_hash)
         state.padding += s.padding
+        state.thumbs.append(s.thumb)
+        state.notes.append(s.implausible)
 
 
-def _commit(state: _SeriesInProgress, cfg: IngestConfig, labels: LabelAssigner | None) -> None:
+def _commit(state: _SeriesInProgress, cfg: IngestConfig, labels: LabelAssigner | None, flags: list[str]) -> None:
     """Write the series record and index entries -- and its label, when one fits -- and commit."""
     cand, geom = state.plan.cand, state.plan.geom
     h = cand.first
@@ -351,7 +378,7 @@ def _commit(state: _SeriesInProgress, cfg: IngestConfig, labels: LabelAssigner |
         slice_thickness=h.slice_thickness,
         scanner_windows=h.window,
         windows=cfg.windows,
-        flags=tuple(geom.flags + _header_flags(h)),
+        flags=tuple(geom.flags + _header_flags(h) + flags),
         padding_voxels=state.padding,
         frame_of_reference=h.frame_of_reference,
     )

@@ -9,10 +9,12 @@ the B-tree, in z order, and a slab is one cursor range scan.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
+from pathlib import Path
 
-from medload.errors import ConfigError
+from medload.errors import ConfigError, SeriesNotFoundError
 
-__all__ = ["SERIES_KEY_BYTES", "series_key", "slice_key", "split_slice_key", "key_hex", "parse_key_hex"]
+__all__ = ["SERIES_KEY_BYTES", "series_key", "slice_key", "split_slice_key", "key_hex", "parse_key_hex", "match_key"]
 
 SERIES_KEY_BYTES = 16
 _Z_BYTES = 4
@@ -50,3 +52,20 @@ def parse_key_hex(text: str) -> bytes:
     if len(key) != SERIES_KEY_BYTES:
         raise ConfigError(f"a series key has {2 * SERIES_KEY_BYTES} hex digits, {text!r} has {len(text)}")
     return key
+
+
+def match_key(text: str, keys: Collection[bytes], store: str | Path, *, min_digits: int = 1) -> bytes:
+    """The one key of ``keys`` (the series of ``store``) that ``text`` names: a full hex key, or a unique
+    prefix of at least ``min_digits`` hex digits."""
+    text = text.lower()
+    if len(text) < min_digits:
+        raise ConfigError(f"series key {text!r} is too short: give at least {min_digits} hex digits "
+                          f"(`medload ls {store}` lists them)")
+    if len(text) == 2 * SERIES_KEY_BYTES and all(c in "0123456789abcdef" for c in text) and bytes.fromhex(text) in keys:
+        return bytes.fromhex(text)
+    matches = [k for k in keys if k.hex().startswith(text)] if text else []
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise SeriesNotFoundError(f"no series key starts with {text!r} in {store}: list them with `medload ls {store}`")
+    raise SeriesNotFoundError(f"{len(matches)} series keys start with {text!r}: give more digits")

@@ -21,6 +21,11 @@ class SeriesRecord:
     ``store.read(key).transpose(2, 1, 0)`` is the NIfTI-ordered array that ``affine`` describes.
     Identifiers are keyed pseudonyms, never the DICOM values. ``shard`` is filled in when the record
     is read (it says where the series lives; it is not stored, so shards can be regrouped).
+
+    Example:
+        >>> rec = store.record("d12ba8")                                 # doctest: +SKIP
+        >>> rec.shape, rec.spacing, rec.manufacturer, rec.kernel
+        ((28, 512, 512), (0.451171875, 0.451171875, 5.0), 'Philips', 'UB')
     """
 
     key: str
@@ -119,7 +124,14 @@ class RejectRecord:
 
     ``status`` is ``"rejected"`` (broken, or refused by a correctness policy) or ``"skipped"`` (valid
     DICOM that is not a volume: localizer, secondary capture, report...). ``stage`` says where it was
-    decided (``discover``, ``header``, ``series``, ``geometry``, ``decode``).
+    decided (``retrieve`` for a DICOMweb source, ``discover``, ``header``, ``series``, ``geometry``, ``decode``,
+    ``plausibility``). ``sha256`` is that of the input's bytes where medload could read them (not for
+    links, nor for archive members refused unread).
+
+    Example:
+        >>> r = store.rejects()[0]                                       # doctest: +SKIP
+        >>> r.status, r.stage, r.reason
+        ('skipped', 'header', 'Secondary Capture Image Storage (1.2.840.10008.5.1.4.1.1.7) is not a CT/MR/PET volume image')
     """
 
     status: str

@@ -16,14 +16,16 @@ import lmdb
 
 from medload.errors import StoreError
 
-__all__ = ["SLICES", "LABELS", "LABEL_SERIES", "SERIES", "REJECTS", "INDEXES", "window_db", "open_write_env", "open_read_env",
-           "reader_env", "close_reader_envs", "env_bytes", "open_dbs"]
+__all__ = ["SLICES", "LABELS", "LABEL_SERIES", "SERIES", "REJECTS", "REPLACED", "INDEXES", "window_db", "open_write_env",
+           "open_read_env", "reader_env", "close_reader_envs", "env_bytes", "open_dbs"]
 
 SLICES = b"slices"
 LABELS = b"labels"
 LABEL_SERIES = b"label_series"
 SERIES = b"series"
 REJECTS = b"rejects"
+#: series keys whose copies in earlier shards this shard's copy replaces (see :mod:`medload.storage.live`)
+REPLACED = b"replaced"
 #: index sub-databases: an attribute value -> series keys (sorted duplicates)
 INDEXES = {"modality": b"idx_modality", "study": b"idx_study", "patient": b"idx_patient", "body_part": b"idx_body_part"}
 _MAX_DBS = 64

@@ -1,6 +1,6 @@
 """The one writer of a store: one LMDB write transaction per series, shards published atomically.
 
-Crash safety comes from four rules (DESIGN.md §3, §5):
+Crash safety comes from five rules (DESIGN.md §3, §5):
 
 1. A series -- its slices, pre-windowed planes, metadata record and index entries -- is written in
    one write transaction of the current *staging* shard, so it is either fully present or absent.
@@ -13,6 +13,9 @@ Crash safety comes from four rules (DESIGN.md §3, §5):
 4. Every commit is synced to disk (``sync=True``): a series committed is durable, whatever happens
    to the process or the machine. (Skipping the per-commit fsync and trusting staging shards only
    within one boot was measured at 1.03 -> 1.00 s for 560 files: not worth the extra rule.)
+5. A series is written once, unless it is *forced* (:meth:`StoreWriter.force`, ``ingest --force``):
+   the new copy goes into the staging shard with a ``replaced`` marker in the same transaction, and
+   supersedes the earlier copy and its labels once published (see :mod:`medload.storage.live`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import shutil
 import socket
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import lmdb
@@ -32,7 +36,8 @@ import lmdb
 from medload import __version__
 from medload.errors import ConfigError, StoreError, StoreLockedError
 from medload.storage import shard as sh
-from medload.storage.keys import slice_key
+from medload.storage.keys import match_key, slice_key
+from medload.storage.live import merge, read_shard
 from medload.storage.manifest import (Manifest, ShardEntry, file_digest, fsync_dir, read_manifest, shard_path,
                                     staging_path, write_manifest)
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
@@ -48,8 +53,8 @@ class SeriesTransaction:
     """Puts of one series (its slices, planes, labels, record, index entries) -- or of the labels of a
     series stored earlier -- into the current staging shard; nothing is visible until :meth:`commit`."""
 
-    def __init__(self, writer: StoreWriter, key: bytes, txn: lmdb.Transaction) -> None:
-        self._writer, self._key, self._txn = writer, key, txn
+    def __init__(self, writer: StoreWriter, key: bytes, txn: lmdb.Transaction, *, replaces: bool = False) -> None:
+        self._writer, self._key, self._txn, self._replaces = writer, key, txn, replaces
 
     def put_slice(self, z: int, value: bytes, windows: dict[str, bytes] | None = None) -> None:
         dbs = self._writer._dbs
@@ -63,10 +68,13 @@ class SeriesTransaction:
 
     def commit(self, record: SeriesRecord | None = None, index: dict[str, str | None] | None = None,
                label: LabelRecord | None = None) -> None:
-        """Write the series record and index entries and/or the label record, and commit."""
+        """Write the series record and index entries (and the replacement marker of a forced series)
+        and/or the label record, and commit."""
         w = self._writer
         if record is not None:
             self._txn.put(self._key, record.to_json(), db=w._dbs[sh.SERIES])
+            if self._replaces:
+                self._txn.put(self._key, b"", db=w._dbs[sh.REPLACED])
         for field_name, value in (index or {}).items():
             if value:
                 self._txn.put(value.encode(), self._key, db=w._dbs[sh.INDEXES[field_name]], dupdata=True)
@@ -74,7 +82,7 @@ class SeriesTransaction:
             self._txn.put(self._key, label.to_json(), db=w._dbs[sh.LABEL_SERIES])
         self._txn.commit()
         self._txn = None
-        w._committed(self._key, record, label)
+        w._committed(self._key, record, label, self._replaces)
 
     def abort(self) -> None:
         if self._txn is not None:
@@ -106,6 +114,9 @@ class StoreWriter:
             self.label_fingerprints: dict[bytes, str] = {}
             self.reject_keys: set[bytes] = set()
             self._load_known()
+            self._forced: set[bytes] = set()
+            #: series replaced by this writer -> whether they lost stored labels (not written again yet)
+            self.replaced: dict[bytes, bool] = {}
         except BaseException:
             self._release_lock()
             raise
@@ -182,16 +193,17 @@ class StoreWriter:
             self._publish_path(name, path)
 
     def _load_known(self) -> None:
-        for entry in self.manifest.shards:
-            env = sh.reader_env(shard_path(self.root, entry.name))
+        """Fingerprints of the live series and labels (a record that does not parse counts as present, with
+        an empty fingerprint: only a forced ingest replaces it), and the keys of the quarantine records."""
+        envs = [(e.name, sh.reader_env(shard_path(self.root, e.name))) for e in self.manifest.shards]
+        live = merge(read_shard(env, name) for name, env in envs)
+        self.series_fingerprints.update({k: r.source_fingerprint for k, r in live.series.items()})
+        self.label_fingerprints.update({k: r.source_fingerprint for k, r in live.labels.items()})
+        for kind, key in live.broken:
+            (self.series_fingerprints if kind == "series" else self.label_fingerprints)[key] = ""
+        for _, env in envs:
             with env.begin() as txn:
-                dbs = sh.open_dbs(env, [sh.SERIES, sh.LABEL_SERIES, sh.REJECTS], create=False, txn=txn)
-                if sh.SERIES in dbs:
-                    for k, v in txn.cursor(db=dbs[sh.SERIES]):
-                        self.series_fingerprints[bytes(k)] = SeriesRecord.from_json(v).source_fingerprint
-                if sh.LABEL_SERIES in dbs:
-                    for k, v in txn.cursor(db=dbs[sh.LABEL_SERIES]):
-                        self.label_fingerprints[bytes(k)] = LabelRecord.from_json(v).source_fingerprint
+                dbs = sh.open_dbs(env, [sh.REJECTS], create=False, txn=txn)
                 if sh.REJECTS in dbs:
                     self.reject_keys.update(bytes(k) for k in txn.cursor(db=dbs[sh.REJECTS]).iternext(values=False))
 
@@ -210,11 +222,21 @@ class StoreWriter:
         self.close()
 
     # ---- writing ---------------------------------------------------------------------------
+    def force(self, keys: Iterable[str]) -> list[bytes]:
+        """Let :meth:`begin_series` write these stored series again (full hex keys or unique prefixes of
+        at least 8 digits), each once; returns their keys. An unknown or ambiguous key is an error."""
+        found = [match_key(k, self.series_fingerprints, self.root, min_digits=8) for k in keys]
+        self._forced.update(found)
+        return found
+
     def begin_series(self, key: bytes, estimated_bytes: int) -> SeriesTransaction:
-        """Start the one write transaction of series ``key``; reserve map space for it first."""
-        if key in self.series_fingerprints:
-            raise StoreError(f"series {key.hex()} is already in {self.root}; it is never written twice")
-        return self._begin(estimated_bytes, key)
+        """Start the one write transaction of series ``key``; reserve map space for it first. A forced
+        series (see :meth:`force`) is written again: its commit marks the stored copy replaced."""
+        replaces = key in self._forced
+        if key in self.series_fingerprints and not replaces:
+            raise StoreError(f"series {key.hex()} is already in {self.root}; it is written again only when forced "
+                             f"(`medload ingest SRC {self.root} --force {key.hex()[:12]}`)")
+        return self._begin(estimated_bytes, key, replaces)
 
     def begin_labels(self, key: bytes, estimated_bytes: int) -> SeriesTransaction:
         """Start the write transaction of the labels of series ``key``, stored earlier."""
@@ -222,12 +244,12 @@ class StoreWriter:
             raise StoreError(f"series {key.hex()} is not in {self.root} or already has labels")
         return self._begin(estimated_bytes, key)
 
-    def _begin(self, estimated_bytes: int, key: bytes) -> SeriesTransaction:
+    def _begin(self, estimated_bytes: int, key: bytes, replaces: bool = False) -> SeriesTransaction:
         env = self._staging_env()
         needed = sh.env_bytes(env) + 2 * estimated_bytes + _MAP_HEADROOM
         if env.info()["map_size"] < needed:
             env.set_mapsize(needed)
-        return SeriesTransaction(self, key, env.begin(write=True))
+        return SeriesTransaction(self, key, env.begin(write=True), replaces=replaces)
 
     def put_rejects(self, records: Iterable[RejectRecord]) -> int:
         """Record quarantined inputs not already recorded; returns how many were new."""
@@ -246,16 +268,21 @@ class StoreWriter:
             self._staging_name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
             path = staging_path(self.root, self._staging_name)
             self._env = sh.open_write_env(path, map_size=self.shard_bytes + _MAP_HEADROOM)
-            names = [sh.SLICES, sh.LABELS, sh.LABEL_SERIES, sh.SERIES, sh.REJECTS, *sh.INDEXES.values()]
+            names = [sh.SLICES, sh.LABELS, sh.LABEL_SERIES, sh.SERIES, sh.REJECTS, sh.REPLACED, *sh.INDEXES.values()]
             names += [sh.window_db(w) for w in self.manifest.windows]
             self._dbs = sh.open_dbs(self._env, names, create=True)
         return self._env
 
-    def _committed(self, key: bytes, record: SeriesRecord | None, label: LabelRecord | None) -> None:
+    def _committed(self, key: bytes, record: SeriesRecord | None, label: LabelRecord | None, replaces: bool) -> None:
         if record is not None:
             self.series_fingerprints[key] = record.source_fingerprint
+        if replaces:
+            self._forced.discard(key)
+            self.replaced[key] = self.label_fingerprints.pop(key, None) is not None
         if label is not None:
             self.label_fingerprints[key] = label.source_fingerprint
+            if key in self.replaced:
+                self.replaced[key] = False
         if sh.env_bytes(self._env) >= self.shard_bytes:
             self._publish_current()
 
@@ -274,6 +301,20 @@ class StoreWriter:
         fsync_dir(target.parent)
         self._add_to_manifest(name, target)
         log.info("published shard %s", name)
+
+    def reseal(self, names: Iterable[str]) -> None:
+        """Record the present size and xxh3-128 of these published shards in ``store.json``: for shards whose
+        bytes changed after publishing although every live value in them verifies (``medload repair``)."""
+        wanted = set(names)
+        shards = []
+        for entry in self.manifest.shards:
+            if entry.name in wanted:
+                data = shard_path(self.root, entry.name) / "data.mdb"
+                entry = replace(entry, bytes=data.stat().st_size, digest=file_digest(data))
+                log.info("shard %s: store.json now records its changed bytes (%s)", entry.name, entry.digest)
+            shards.append(entry)
+        self.manifest.shards = shards
+        write_manifest(self.root, self.manifest)
 
     def _add_to_manifest(self, name: str, path: Path) -> None:
         n = _count(sh.reader_env(path), sh.SERIES)
