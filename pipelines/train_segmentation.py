@@ -3,11 +3,20 @@
     python pipelines/train_segmentation.py --store stores/sample --quick
     python pipelines/train_segmentation.py --store STORE --epochs 50 --batch-size 16 --workers 8 --device cuda
     python pipelines/train_segmentation.py --store STORE --3d --depth 32
+    torchrun --nproc_per_node 4 pipelines/train_segmentation.py --store STORE --seed 0
 
 Everything here is the package's public API: SliceDataset/SlabDataset, make_loader (int16 batches,
-windowed on the device), BatchAugment (on the device), partition_by_patient (a patient-level
-validation split), MONAI's UNet and DiceLoss. Per epoch it prints the training loss and the
-validation Dice; it saves the best model and a JSON summary in --out.
+windowed on the device), BatchAugment (on the device), DistributedPatientSampler (patients to ranks,
+preferring local shards), locality_order (a patient-level validation split), MONAI's UNet and DiceLoss.
+Per epoch it logs the training loss and the validation Dice; it saves the best model and a JSON summary
+(with the patients each rank trained on) in --out.
+
+Under torchrun (LOCAL_RANK and WORLD_SIZE set) it joins the process group (nccl on GPUs, gloo on CPU),
+wraps the model in DDP and gives each rank its own patients: the shards that
+``medload cache warm STORE --rank R --world W --seed S`` copies (same --seed). Training ranks run equal
+numbers of steps (a rank with fewer samples repeats its own); validation is not padded, and Dice is
+all-reduced from per-sample sums and counts, so each validation sample counts once and the result
+equals the single-process Dice of the same weights. Rank 0 logs and writes the outputs.
 
 Labels come from the store (``medload ingest --labels``). A store without labels (such as the sample
 study) can still be trained end to end with ``--demo-target bone``: the target is then "voxels above
@@ -19,18 +28,22 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from monai.losses import DiceLoss
 from monai.metrics import DiceMetric
 from monai.networks.nets import UNet
+from torch.nn.parallel import DistributedDataParallel
 
 from medload import open_store, windows
-from medload.data import AugmentConfig, BatchAugment, SlabDataset, SliceDataset, make_loader, partition_by_patient
+from medload.data import (AugmentConfig, BatchAugment, DistributedPatientSampler, SlabDataset, SliceDataset,
+                          locality_order, make_loader, sample_layout)
 
 log = logging.getLogger("train_segmentation")
 
@@ -52,21 +65,50 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--downsample", type=int, default=1, help="average-pool inputs by this factor (speed)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="a short CPU-sized run: 4 epochs, small net, 2x downsampled")
+    ap.add_argument("--seed", type=int, default=0, help="split, rank assignment and order (as cache warm --seed)")
+    ap.add_argument("--max-steps", type=int, default=None, help="stop each epoch's training after this many steps")
+    ap.add_argument("--init", type=Path, default=None, help="start from these weights (a saved best_model.pt)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a short CPU-sized run: by default 4 epochs, batch 4, 2x downsampled, no workers, small net")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.epochs, args.batch_size, args.downsample, args.workers = 4, 4, 2, 0
+    if args.quick:  # defaults only: flags given explicitly win
+        ap.set_defaults(epochs=4, batch_size=4, downsample=2, workers=0)
+        args = ap.parse_args(argv)
     return args
 
 
+def init_distributed(device: str) -> tuple[int, int, torch.device]:
+    """(rank, world size, device). Under torchrun: join the process group (nccl on CUDA, else gloo) and
+    use GPU LOCAL_RANK; otherwise a single process on ``device``."""
+    dev = torch.device(device)
+    if "LOCAL_RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return 0, 1, dev
+    if dev.type == "cuda":
+        dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size(), dev
+
+
+def all_sum(values: list[float], device: torch.device) -> list[float]:
+    """``values`` summed over ranks (unchanged in a single process)."""
+    if not dist.is_initialized():
+        return [float(v) for v in values]
+    total = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return total.tolist()
+
+
 def split_by_patient(dataset, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Validation = one of five patient groups; with a single patient, the last fifth of each series."""
+    """Validation = every fifth patient along the shard-locality order (so it spans every shard, and every
+    rank keeps about four fifths of its load for training); with a single patient, the last fifth of
+    each series."""
     index = dataset.index
-    if len(np.unique(index.patients)) >= 2:
-        parts = partition_by_patient(index.patients, 5, seed=seed, epoch=0)
-        val = parts[0] if len(parts[0]) else parts[1]
-        return np.setdiff1d(np.arange(len(index)), val), np.sort(val)
+    patients, shards, slices = sample_layout(dataset)
+    if len(np.unique(patients)) >= 2:
+        order = locality_order(patients, seed=seed, shards=shards, weights=slices)
+        val = np.isin(patients, order[seed % min(5, order.size)::5])
+        return np.flatnonzero(~val), np.flatnonzero(val)
     last = np.zeros(len(index), dtype=bool)
     for s in np.unique(index.series):
         rows = np.flatnonzero(index.series == s)
@@ -82,7 +124,17 @@ def target_of(batch: dict, hu_center: torch.Tensor | None, demo: str | None) -> 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    rank, world, device = init_distributed(args.device)
+    try:
+        return train(args, rank, world, device)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> dict:
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"[rank {rank}] %(message)s" if world > 1 else "%(message)s")
     torch.manual_seed(args.seed)
     store = open_store(args.store, cache="1GB")
     if args.three_d:
@@ -92,28 +144,33 @@ def main(argv=None) -> dict:
     if not dataset.labels and args.demo_target is None:
         raise SystemExit(f"{args.store} has no labels: ingest them (medload ingest --labels) or pass --demo-target bone")
     train_idx, val_idx = split_by_patient(dataset, args.seed)
-    log.info("%d training and %d validation samples", len(train_idx), len(val_idx))
-    device = torch.device(args.device)
+    log.info("%d training and %d validation samples over %d rank(s)", len(train_idx), len(val_idx), world)
     window = windows.get(args.window)
 
-    # HU batches: the window is applied here, after the demo target (if any) is read from the HU
-    def loader(indices, shuffle: bool):
-        sampler = (torch.utils.data.SubsetRandomSampler(indices, generator=torch.Generator().manual_seed(args.seed))
-                   if shuffle else indices.tolist())
-        return make_loader(dataset, args.batch_size, args.workers, device, sampler=sampler)
+    # training ranks pad to equal steps with their own samples; validation visits each sample once
+    def sampler(indices, training: bool) -> DistributedPatientSampler:
+        return DistributedPatientSampler.from_dataset(dataset, indices, rank=rank, world_size=world, seed=args.seed,
+                                                      shuffle=training, even="pad" if training else "none")
 
-    train, val = loader(train_idx, True), loader(val_idx, False)
+    train_sampler, val_sampler = sampler(train_idx, True), sampler(val_idx, False)
+    # HU batches: the window is applied here, after the demo target (if any) is read from the HU
+    train_batches, val_batches = (make_loader(dataset, args.batch_size, args.workers, device, sampler=s)
+                                  for s in (train_sampler, val_sampler))
     dims = 3 if args.three_d else 2
     channels = 1 if args.three_d else 2 * args.context + 1
     width = (8, 16, 32) if args.quick else (32, 64, 128, 256)
-    model = UNet(spatial_dims=dims, in_channels=channels, out_channels=1, channels=width,
-                 strides=(2,) * (len(width) - 1), num_res_units=1).to(device)
+    net = UNet(spatial_dims=dims, in_channels=channels, out_channels=1, channels=width,
+               strides=(2,) * (len(width) - 1), num_res_units=1).to(device)
+    if args.init is not None:
+        net.load_state_dict(torch.load(args.init, map_location=device, weights_only=True))
+    model = net if world == 1 else DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loss_fn = DiceLoss(sigmoid=True)
-    augment = BatchAugment(AugmentConfig(), device=device, seed=args.seed, spatial_dims=dims)
+    augment = BatchAugment(AugmentConfig(), device=device, seed=args.seed + rank, spatial_dims=dims)
     dice = DiceMetric(include_background=True, reduction="mean")
-    args.out.mkdir(parents=True, exist_ok=True)
-    history, best = [], -1.0
+    if rank == 0:
+        args.out.mkdir(parents=True, exist_ok=True)
+    history, best, seen = [], -1.0, set()
 
     def prepare(batch: dict, train_mode: bool) -> tuple[torch.Tensor, torch.Tensor]:
         hu = batch["image"]  # float HU (no window in make_loader)
@@ -130,36 +187,71 @@ def main(argv=None) -> dict:
 
     for epoch in range(args.epochs):
         started = time.perf_counter()
-        train.set_epoch(epoch)
+        train_batches.set_epoch(epoch)
         augment.set_epoch(epoch)
         model.train()
-        losses = []
-        for batch in train:
+        loss_sum, steps = 0.0, 0
+        for batch in train_batches:
+            if args.max_steps is not None and steps >= args.max_steps:
+                break  # every rank has the same number of batches, so every rank stops here
+            seen.update(batch["index"].tolist())
             image, target = prepare(batch, True)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(image), target)
             loss.backward()
             optimizer.step()
-            losses.append(loss.item())
-        model.eval()
+            loss_sum, steps = loss_sum + loss.item(), steps + 1
+        net.eval()  # the bare module: ranks validate different numbers of batches, so no DDP collectives here
+        evaluated = 0
         with torch.no_grad():
-            for batch in val:
+            for batch in val_batches:
                 image, target = prepare(batch, False)
-                dice(y_pred=(torch.sigmoid(model(image)) > 0.5).float(), y=target)
-        val_dice = float(dice.aggregate())
+                dice(y_pred=(torch.sigmoid(net(image)) > 0.5).float(), y=target)
+                evaluated += len(image)
+        per_sample = dice.get_buffer().reshape(-1) if evaluated else torch.zeros(0)
         dice.reset()
-        history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "val_dice": val_dice,
-                        "seconds": time.perf_counter() - started})
-        log.info("epoch %d: train loss %.4f, validation Dice %.4f (%.1f s)", epoch, history[-1]["train_loss"],
-                 val_dice, history[-1]["seconds"])
+        valid = ~torch.isnan(per_sample)  # DiceMetric's mean skips samples with an empty target
+        loss_sum, steps, dice_sum, dice_n, evaluated = all_sum(
+            [loss_sum, steps, float(per_sample[valid].sum()), int(valid.sum()), evaluated], device)
+        val_dice = dice_sum / dice_n if dice_n else 0.0
+        history.append({"epoch": epoch, "train_loss": loss_sum / steps if steps else None, "val_dice": val_dice,
+                        "val_samples_evaluated": int(evaluated), "seconds": time.perf_counter() - started})
+        log.info("epoch %d: train loss %s, validation Dice %.4f on %d samples (%.1f s)", epoch,
+                 "-" if not steps else f"{loss_sum / steps:.4f}", val_dice, evaluated, history[-1]["seconds"])
         if val_dice > best:
             best = val_dice
-            torch.save(model.state_dict(), args.out / "best_model.pt")
+            if rank == 0:
+                torch.save(net.state_dict(), args.out / "best_model.pt")
     summary = {"store": str(args.store), "mode": "3d" if args.three_d else "2.5d", "history": history,
-               "best_val_dice": best, "train_samples": int(len(train_idx)), "val_samples": int(len(val_idx))}
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    log.info("best validation Dice %.4f; model and summary in %s", best, args.out)
+               "best_val_dice": best, "train_samples": int(len(train_idx)), "val_samples": int(len(val_idx)),
+               "world_size": world, "ranks": gather(rank_report(dataset, rank, train_sampler, val_sampler, seen))}
+    if rank == 0:
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        log.info("best validation Dice %.4f; model and summary in %s", best, args.out)
     return summary
+
+
+def rank_report(dataset, rank: int, train_sampler, val_sampler, seen: set[int]) -> dict:
+    """What this rank owns and what it trained on: samples and patient pseudonyms."""
+    records = dataset.records
+
+    def patients(indices) -> list[str]:
+        series = np.unique(dataset.index.series[np.asarray(list(indices), dtype=np.int64)])
+        return sorted({records[s].patient for s in series.tolist()})
+
+    own = np.asarray(list(train_sampler))[~train_sampler.padding]
+    return {"rank": rank, "train_samples": int(own.size), "padded": train_sampler.padded,
+            "train_patients": patients(own), "seen_patients": patients(seen),
+            "val_samples": len(val_sampler), "val_patients": patients(list(val_sampler))}
+
+
+def gather(report: dict) -> list[dict]:
+    """Every rank's ``report``, in rank order (just this one in a single process)."""
+    if not dist.is_initialized():
+        return [report]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, report)
+    return out
 
 
 if __name__ == "__main__":

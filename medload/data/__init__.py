@@ -4,9 +4,10 @@ from medload.data.augment import AugmentConfig, BatchAugment
 from medload.data.datasets import SlabDataset, SliceDataset
 from medload.data.loader import DeviceLoader, make_loader
 from medload.data.monai_reader import MedloadReader
-from medload.data.samplers import (DistributedPatientSampler, ForegroundSampler, SeriesGroupedSampler,
-                                   UniformSampler, partition_by_patient)
+from medload.data.distributed import (DistributedPatientSampler, assign_ranks, locality_order,
+                                      partition_by_patient, sample_layout, shards_for_rank)
+from medload.data.samplers import ForegroundSampler, SeriesGroupedSampler, UniformSampler
 
 __all__ = ["SliceDataset", "SlabDataset", "make_loader", "DeviceLoader", "MedloadReader", "AugmentConfig",
            "BatchAugment", "UniformSampler", "ForegroundSampler", "SeriesGroupedSampler", "DistributedPatientSampler",
-           "partition_by_patient"]
+           "partition_by_patient", "assign_ranks", "locality_order", "shards_for_rank", "sample_layout"]

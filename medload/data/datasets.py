@@ -79,6 +79,11 @@ class _StoreDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
+    @property
+    def records(self) -> tuple[SeriesRecord, ...]:
+        """The series records, in ``index.keys`` order (``index.series`` numbers them)."""
+        return tuple(self._records)
+
     def _sample(self, i: int) -> tuple[SeriesRecord, int]:
         return self._records[int(self.index.series[i])], int(self.index.z[i])
 
@@ -196,6 +201,11 @@ class SlabDataset(_StoreDataset):
 
     The last slab of each series ends at its last slice (it may overlap the previous one); series
     thinner than ``depth`` give no samples. Arguments as :class:`SliceDataset`.
+
+    Example:
+        >>> ds = SlabDataset(medload.open_store("stores/sample"), depth=16, stride=8)   # doctest: +SKIP
+        >>> len(ds), ds[0]["image"].shape     # 28 slices: slabs start at 0, 8 and 12
+        (3, torch.Size([1, 16, 512, 512]))
     """
 
     def __init__(self, store: Store, depth: int, stride: int | None = None, *, plane: str | None = None,

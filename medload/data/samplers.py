@@ -7,20 +7,17 @@ new order after ``set_epoch(epoch)`` (as with torch's ``DistributedSampler``, it
 ``set_epoch`` repeats the order). Orders are built with vectorised numpy, so 10M samples take a fraction of
 a second.
 
-Distributed training splits samples by *patient* (:func:`partition_by_patient`, a pure function), so that a
-patient's slices never sit on two ranks and ranks stay balanced (DESIGN.md §6).
+Distributed training splits samples by *patient*, preferring local shards: :mod:`medload.data.distributed`
+(DESIGN.md §6); its sampler shares the helpers here.
 
 Example:
     >>> import numpy as np
-    >>> parts = partition_by_patient(np.array([0, 0, 1, 2, 2, 2]), 2, seed=0, epoch=0)
-    >>> sorted(len(p) for p in parts)
-    [3, 3]
+    >>> sorted(SeriesGroupedSampler(np.array([0, 0, 1]), seed=0))
+    [0, 1, 2]
 """
 
 from __future__ import annotations
 
-import heapq
-import logging
 import operator
 from collections.abc import Iterator
 
@@ -29,13 +26,9 @@ from torch.utils.data import Sampler
 
 from medload.errors import ConfigError
 
-__all__ = ["UniformSampler", "ForegroundSampler", "SeriesGroupedSampler", "DistributedPatientSampler",
-           "partition_by_patient"]
-
-log = logging.getLogger(__name__)
+__all__ = ["UniformSampler", "ForegroundSampler", "SeriesGroupedSampler"]
 
 _CHUNK = 1 << 16  # indices converted to Python ints per step while iterating
-_EVEN = ("pad", "truncate", "none")
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -236,146 +229,3 @@ class SeriesGroupedSampler(_EpochSampler):
 
     def __len__(self) -> int:
         return self.n
-
-
-# ------------------------------------------------------------------------------------------ distribution
-def _assign(loads: np.ndarray, world_size: int, seed: int, epoch: int) -> np.ndarray:
-    """Rank of each patient: largest load first (ties in seeded order), each to the least loaded rank."""
-    rank_of = np.zeros(loads.size, np.int64)
-    if world_size > 1:
-        tie_break = _rng(seed, epoch, 4).permutation(loads.size)
-        by_load = tie_break[np.argsort(-loads[tie_break], kind="stable")]
-        heap, ranks = [(0, r) for r in range(world_size)], []  # (load so far, rank): already a valid heap
-        for load in loads[by_load].tolist():
-            total, r = heap[0]
-            ranks.append(r)
-            heapq.heapreplace(heap, (total + load, r))
-        rank_of[by_load] = ranks
-    return rank_of
-
-
-def partition_by_patient(patients: np.ndarray, world_size: int, *, seed: int, epoch: int,
-                         weights: np.ndarray | None = None) -> list[np.ndarray]:
-    """The sample indices each rank owns this epoch; pure and deterministic in its arguments.
-
-    Every sample lands on exactly one rank, and all samples of a patient on the same rank. Patients are
-    assigned greedily, largest first (ties in an order shuffled by ``(seed, epoch)``), each to the rank with
-    the smallest load so far (lowest rank on ties); the load is the number of samples, or the sum of
-    ``weights``. So the most and least loaded ranks differ by at most the largest patient's load. Within a
-    rank the order is shuffled by ``(seed, epoch)``. With more ranks than patients, some ranks get an empty
-    array (callers decide what an empty rank does; :class:`DistributedPatientSampler` pads it).
-
-    Args:
-        patients: patient id (integer) of each sample.
-        world_size: number of ranks.
-        seed: shared by all ranks.
-        epoch: the epoch; another epoch gives another assignment of tied patients and another order.
-        weights: optional non-negative cost per sample, balanced instead of the sample count.
-
-    Returns:
-        ``world_size`` int64 arrays of sample indices, one per rank.
-    """
-    ids = _ids("patients", patients, allow_empty=True)
-    world_size = _int("world_size", world_size, low=1)
-    seed, epoch = _int("seed", seed), _int("epoch", epoch, low=0)
-    inverse, counts = _group(ids)
-    if weights is None:
-        loads = counts
-    else:
-        w = np.asarray(weights, dtype=np.float64)
-        if w.shape != ids.shape or not np.all(np.isfinite(w)) or np.any(w < 0):
-            raise ConfigError(f"weights must be finite, non-negative, one per sample ({ids.size}); "
-                              f"got shape {w.shape}")
-        loads = np.bincount(inverse, weights=w, minlength=counts.size)
-    sample_rank = _assign(loads, world_size, seed, epoch)[inverse]
-    grouped = _stable_argsort(sample_rank, world_size)  # by rank, then by index
-    parts = np.split(grouped, np.cumsum(np.bincount(sample_rank, minlength=world_size))[:-1])
-    for rank, part in enumerate(parts):  # a stream per rank: a sampler shuffles only its own share
-        _rng(seed, epoch, 5, rank).shuffle(part)
-    return parts
-
-
-class DistributedPatientSampler(_EpochSampler):
-    """This rank's share of :func:`partition_by_patient`, made the same length on every rank for DDP.
-
-    ``even="pad"`` appends repeats of this rank's first samples (a rank without patients repeats the
-    longest rank's) up to the longest rank; ``padding`` marks them (in iteration order) so validation metrics
-    can skip them, and ``padded`` counts them. ``even="truncate"`` cuts every rank to the shortest (the cut
-    tail differs each epoch) and counts this rank's loss in ``dropped``. Both log a warning, once per epoch
-    on every rank, when any rank pads or drops. ``even="none"`` keeps unequal lengths (no collectives).
-    """
-
-    def __init__(self, patients: np.ndarray, *, rank: int, world_size: int, seed: int = 0, even: str = "pad"):
-        ids = _ids("patients", patients)
-        self.world_size = _int("world_size", world_size, low=1)
-        self.rank = _int("rank", rank, low=0)
-        if self.rank >= self.world_size:
-            raise ConfigError(f"rank {self.rank} is outside world_size {self.world_size}: ranks are 0.."
-                              f"{self.world_size - 1}")
-        if even not in _EVEN:
-            raise ConfigError(f"even must be one of {', '.join(_EVEN)}; got {even!r}")
-        self.seed = _int("seed", seed)
-        self.even = even
-        self._inverse, self._loads = _group(ids)
-        if even == "truncate" and self._loads.size < self.world_size:
-            raise ConfigError(f"{self._loads.size} patients for {self.world_size} ranks: some ranks get none, so "
-                              "even='truncate' would drop every sample; use even='pad' or fewer ranks")
-        self._planned: tuple | None = None
-
-    @property
-    def padding(self) -> np.ndarray:
-        """Bool per position of this epoch's order: True where the sample is a padding repeat."""
-        return self._plan()[1]
-
-    @property
-    def padded(self) -> int:
-        """How many positions of this epoch's order are padding repeats (``even="pad"``)."""
-        return int(self._plan()[1].sum())
-
-    @property
-    def dropped(self) -> int:
-        """How many of this rank's samples this epoch cuts (``even="truncate"``)."""
-        return self._plan()[2]
-
-    def _plan(self) -> tuple[np.ndarray, np.ndarray, int]:
-        """(order, padding mask, dropped) for the current epoch, computed once per epoch."""
-        if self._planned is not None and self._planned[0] == self.epoch:
-            return self._planned[1:]
-        sample_rank = _assign(self._loads, self.world_size, self.seed, self.epoch)[self._inverse]
-        lengths = np.bincount(sample_rank, minlength=self.world_size)
-
-        def share(rank: int) -> np.ndarray:  # the array partition_by_patient gives this rank
-            indices = np.flatnonzero(sample_rank == rank)
-            _rng(self.seed, self.epoch, 5, rank).shuffle(indices)
-            return indices
-
-        mine, dropped, padded = share(self.rank), 0, 0
-        if self.even == "pad":
-            target = int(lengths.max())
-            padded = target - mine.size
-            source = mine if mine.size else share(int(lengths.argmax()))
-            order = np.concatenate([mine, np.resize(source, padded)])
-            if lengths.min() < target:
-                log.warning("epoch %d: padded %d samples over %d ranks to %d per rank (this rank %d: %d repeats); "
-                            "skip them with sampler.padding in metrics, or use even='truncate'", self.epoch,
-                            int((target - lengths).sum()), self.world_size, target, self.rank, padded)
-        elif self.even == "truncate":
-            target = int(lengths.min())
-            dropped = mine.size - target
-            order = mine[:target]
-            if lengths.max() > target:
-                log.warning("epoch %d: dropped %d of %d samples to cut %d ranks to %d each (this rank %d: %d); "
-                            "use even='pad' to keep them", self.epoch, int((lengths - target).sum()),
-                            int(lengths.sum()), self.world_size, target, self.rank, dropped)
-        else:
-            order = mine
-        padding = np.zeros(order.size, bool)
-        padding[order.size - padded:] = True
-        self._planned = (self.epoch, order, padding, dropped)
-        return self._planned[1:]
-
-    def _indices(self) -> np.ndarray:
-        return self._plan()[0]
-
-    def __len__(self) -> int:
-        return int(self._plan()[0].size)

@@ -1,0 +1,296 @@
+"""Distributed training by patient, preferring local shards: which rank reads which patients.
+
+One rule, :func:`assign_ranks`, decides both ``medload cache warm --rank R --world W`` (which shards a
+rank copies to its local SSD) and :class:`DistributedPatientSampler` (which samples it trains on), so
+the two agree by construction. The rule sees only each patient's load (slices, samples or weights) per
+shard, so it gives the same answer whether it is fed one entry per series or one per sample:
+
+1. A patient's *home shard* is the shard holding most of its load (ties: the first shard in order).
+2. Patients are laid out in one sequence: by home shard (in shard order; shard names sort by creation
+   time), and within a shard in an order drawn from ``seed``.
+3. The sequence is cut into ``world_size`` runs of near-equal load: a patient goes to rank
+   ``floor(world_size * m / total)``, where ``m`` is the midpoint of its load along the sequence.
+
+So a patient is never on two ranks; each rank's load is within one largest patient of
+``total / world_size`` (the spread between ranks is below twice the largest patient); a rank reads
+about ``shards / world_size + 1`` shards, since a shard is shared only where a cut falls inside it (plus
+the other shards of a patient whose series are spread over several). The assignment does not depend
+on the epoch: a rank keeps its shards for the whole run, which is what makes copying them worthwhile;
+every epoch reshuffles the order *within* each rank instead.
+
+Example:
+    >>> import numpy as np
+    >>> assign_ranks(np.array([0, 0, 1, 2, 2, 3]), 2, seed=0, shards=np.array([0, 0, 0, 1, 1, 1])).tolist()
+    [0, 0, 0, 1, 1, 1]
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch.distributed as dist
+
+from medload.data.samplers import _EpochSampler, _group, _ids, _int, _rng, _stable_argsort
+from medload.errors import ConfigError
+from medload.storage.records import SeriesRecord
+
+__all__ = ["assign_ranks", "locality_order", "partition_by_patient", "shards_for_rank", "sample_layout",
+           "DistributedPatientSampler"]
+
+log = logging.getLogger(__name__)
+
+_EVEN = ("pad", "truncate", "none")
+_ORDER_STREAM = 6  # rng stream of the within-shard patient order (independent of the epoch)
+
+
+def _loads(weights, shape: tuple[int, ...]) -> np.ndarray:
+    """Per-unit loads: ones, or ``weights`` checked (int64 when integer, so sums and cuts are exact)."""
+    if weights is None:
+        return np.ones(shape, np.int64)
+    w = np.asarray(weights)
+    if w.shape != shape or w.dtype.kind not in "biuf" or (w.dtype.kind == "f" and not np.all(np.isfinite(w))) \
+            or np.any(w < 0):
+        raise ConfigError(f"weights must be finite, non-negative, one per sample ({shape[0]}); got shape {w.shape}, "
+                          f"dtype {w.dtype}")
+    return w.astype(np.float64 if w.dtype.kind == "f" else np.int64)
+
+
+def _patient_loads(patients, shards, weights) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(unique patient ids, dense patient per unit, home shard per patient, load per patient)."""
+    ids = _ids("patients", patients, allow_empty=True)
+    w = _loads(weights, ids.shape)
+    patient, _ = _group(ids)
+    if shards is None:
+        shard = np.zeros(ids.size, np.int64)
+    else:
+        shard = _group(_ids("shards", shards, allow_empty=True))[0]
+        if shard.size != ids.size:
+            raise ConfigError(f"shards must have one entry per sample ({ids.size}), got {shard.size}")
+    n_shards = int(shard.max()) + 1 if shard.size else 1
+    pair = patient * n_shards + shard
+    inverse, counts = _group(pair)
+    pairs = np.zeros(counts.size, np.int64)
+    pairs[inverse] = pair  # the (patient, shard) key of each dense pair number, ascending
+    pair_load = np.bincount(inverse, weights=w, minlength=pairs.size).astype(w.dtype)
+    pair_patient, pair_shard = pairs // n_shards, pairs % n_shards
+    best = np.lexsort((pair_shard, -pair_load, pair_patient))  # per patient: heaviest shard, then lowest
+    first = best[np.r_[True, pair_patient[best][1:] != pair_patient[best][:-1]]] if pairs.size else best
+    load = np.bincount(pair_patient, weights=pair_load, minlength=first.size).astype(w.dtype)
+    unique = np.empty(first.size, ids.dtype)
+    unique[patient] = ids  # the id of each dense patient number
+    return unique, patient, pair_shard[first], load
+
+
+def _sequence(home: np.ndarray, seed: int) -> np.ndarray:
+    """Dense patient numbers in rule order: home shard, then an order drawn from ``seed``."""
+    return np.lexsort((_rng(seed, 0, _ORDER_STREAM).permutation(home.size), home))
+
+
+def locality_order(patients, *, seed: int, shards=None, weights=None) -> np.ndarray:
+    """The patient ids (as given) in the order the rule lays them out: by home shard, then seeded.
+
+    Taking every k-th patient of it gives a hold-out set spread evenly over shards and ranks.
+    """
+    seed = _int("seed", seed)
+    unique, _, home, _ = _patient_loads(patients, shards, weights)
+    return unique[_sequence(home, seed)]
+
+
+def assign_ranks(patients, world_size: int, *, seed: int, shards=None, weights=None) -> np.ndarray:
+    """The rank of each entry (a sample or a series): the rule of this module's docstring; pure.
+
+    Args:
+        patients: integer patient id per entry.
+        world_size: number of ranks.
+        seed: shared by all ranks (and by ``medload cache warm --seed``).
+        shards: integer shard id per entry (ids sort in shard order); None: one shard.
+        weights: non-negative load per entry (integers cut exactly); None: one per entry.
+
+    Returns:
+        int64 rank per entry.
+    """
+    world_size = _int("world_size", world_size, low=1)
+    seed = _int("seed", seed)
+    _, patient, home, load = _patient_loads(patients, shards, weights)
+    order = _sequence(home, seed)
+    total = load.sum()
+    rank_of = np.zeros(load.size, np.int64)
+    if total > 0:
+        before = np.cumsum(load[order]) - load[order]
+        midpoint2 = 2 * before + load[order]  # twice the midpoint: integer loads stay integers
+        rank_of[order] = np.minimum(world_size * midpoint2 // (2 * total), world_size - 1).astype(np.int64)
+    return rank_of[patient]
+
+
+def _shuffled(indices: np.ndarray, seed: int, epoch: int, rank: int) -> np.ndarray:
+    """``indices`` in this rank's order for ``epoch`` (in place)."""
+    _rng(seed, epoch, 5, rank).shuffle(indices)
+    return indices
+
+
+def partition_by_patient(patients, world_size: int, *, seed: int, epoch: int, shards=None,
+                         weights=None) -> list[np.ndarray]:
+    """The sample indices each rank owns (:func:`assign_ranks`), each in a seeded order of ``epoch``.
+
+    A rank without patients (more ranks than patients) gets an empty array.
+
+    Returns:
+        ``world_size`` int64 arrays of sample indices, one per rank.
+    """
+    epoch = _int("epoch", epoch, low=0)
+    sample_rank = assign_ranks(patients, world_size, seed=seed, shards=shards, weights=weights)
+    world_size, seed = int(world_size), int(seed)
+    grouped = _stable_argsort(sample_rank, world_size)  # by rank, then by index
+    parts = np.split(grouped, np.cumsum(np.bincount(sample_rank, minlength=world_size))[:-1])
+    return [_shuffled(part, seed, epoch, rank) for rank, part in enumerate(parts)]
+
+
+def _record_layout(records: Sequence[SeriesRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(patient, shard, slices) per series, as integer arrays (ids in sorted pseudonym/shard-name order)."""
+    patients = np.unique([r.patient for r in records], return_inverse=True)[1].reshape(-1)
+    shards = np.unique([r.shard for r in records], return_inverse=True)[1].reshape(-1)
+    return patients, shards, np.array([r.shape[0] for r in records], np.int64)
+
+
+def shards_for_rank(records: Sequence[SeriesRecord], rank: int, world_size: int, *, seed: int = 0) -> list[str]:
+    """Names of the shards rank ``rank`` of ``world_size`` reads, for a dataset of these series (loads are
+    stored slices, as :meth:`DistributedPatientSampler.from_dataset` counts them)."""
+    rank, world_size = _check_rank(rank, world_size)
+    if not records:
+        return []
+    patients, shards, slices = _record_layout(records)
+    mine = assign_ranks(patients, world_size, seed=seed, shards=shards, weights=slices) == rank
+    return sorted({r.shard for r, m in zip(records, mine.tolist()) if m})
+
+
+def sample_layout(dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(patient, shard, slices) per sample of a :class:`SliceDataset`/:class:`SlabDataset`.
+
+    ``slices`` counts the slices each sample is the first to cover, so a series' samples sum to its
+    stored slices (one per sample for 2.5D) and the rule sees the same loads as :func:`shards_for_rank`.
+    """
+    series, z = dataset.index.series, dataset.index.z.astype(np.int64)
+    _, shard_of_series, depth = _record_layout(dataset.records)
+    same = np.r_[series[1:] == series[:-1], False]
+    slices = np.where(same, np.r_[z[1:], 0] - z, depth[series] - z)
+    return dataset.index.patients, shard_of_series[series], slices
+
+
+def _check_rank(rank, world_size) -> tuple[int, int]:
+    """``(rank, world_size)``; None takes the value of the initialised default process group."""
+    if rank is None or world_size is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ConfigError("pass rank= and world_size=, or call torch.distributed.init_process_group first")
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    world_size = _int("world_size", world_size, low=1)
+    rank = _int("rank", rank, low=0)
+    if rank >= world_size:
+        raise ConfigError(f"rank {rank} is outside world_size {world_size}: ranks are 0..{world_size - 1}")
+    return rank, world_size
+
+
+class DistributedPatientSampler(_EpochSampler):
+    """This rank's samples under :func:`assign_ranks`, as torch's ``DistributedSampler`` gives them.
+
+    ``indices`` restricts the sampler to some samples (a training or validation split) while the
+    assignment stays that of all samples, so every split of a rank reads the same shards. Lengths:
+    ``even="pad"`` (training) appends repeats of this rank's own first samples up to the longest rank,
+    so every rank runs the same number of steps; ``padding`` marks them and ``padded`` counts them.
+    ``even="truncate"`` cuts every rank to the shortest (``dropped`` counts this rank's loss). Both log a
+    warning once per epoch on every rank when they pad or drop, and raise ConfigError (on every rank
+    alike) when a rank would have no sample. ``even="none"`` (validation) keeps unequal lengths: every
+    sample is visited exactly once over the ranks, so sums and counts all-reduced give exact metrics.
+
+    Args:
+        patients: integer patient id per sample (e.g. ``dataset.index.patients``).
+        rank, world_size: None takes them from the initialised default process group.
+        seed: shared by all ranks; the assignment depends on it, the order also on the epoch.
+        shards, weights: per sample, as in :func:`assign_ranks`.
+        indices: the samples to visit (None: all).
+        shuffle: a new order every epoch (False: ascending sample index).
+        even: ``"pad"``, ``"truncate"`` or ``"none"``.
+    """
+
+    def __init__(self, patients, *, rank: int | None = None, world_size: int | None = None, seed: int = 0,
+                 shards=None, weights=None, indices=None, shuffle: bool = True, even: str = "pad"):
+        self.rank, self.world_size = _check_rank(rank, world_size)
+        if even not in _EVEN:
+            raise ConfigError(f"even must be one of {', '.join(_EVEN)}; got {even!r}")
+        self.seed, self.shuffle, self.even = _int("seed", seed), bool(shuffle), even
+        ids = _ids("patients", patients)
+        owner = assign_ranks(ids, self.world_size, seed=self.seed, shards=shards, weights=weights)
+        if indices is not None:
+            chosen = np.unique(np.asarray(indices, dtype=np.int64))
+            if chosen.size and (chosen[0] < 0 or chosen[-1] >= ids.size):
+                raise ConfigError(f"indices must be sample positions in 0..{ids.size - 1}")
+            keep = np.zeros(ids.size, bool)
+            keep[chosen] = True
+            owner = np.where(keep, owner, -1)
+        self._mine = np.flatnonzero(owner == self.rank)
+        self.lengths = np.bincount(owner[owner >= 0], minlength=self.world_size)
+        if even != "none" and self.lengths.min() == 0:
+            raise ConfigError(f"samples per rank {self.lengths.tolist()}: a rank would have none to "
+                              f"{'repeat' if even == 'pad' else 'keep'}; use fewer ranks (or more patients), "
+                              "or even='none' where ranks may run different numbers of steps")
+        self._planned: tuple | None = None
+
+    @classmethod
+    def from_dataset(cls, dataset, indices=None, **kwargs) -> DistributedPatientSampler:
+        """The sampler for a :class:`SliceDataset`/:class:`SlabDataset`: by patient, preferring the
+        shards ``medload cache warm --rank R --world W --seed S`` copied (same ``seed``)."""
+        patients, shards, slices = sample_layout(dataset)
+        return cls(patients, shards=shards, weights=slices, indices=indices, **kwargs)
+
+    @property
+    def padding(self) -> np.ndarray:
+        """Bool per position of this epoch's order: True where the sample is a padding repeat."""
+        return self._plan()[1]
+
+    @property
+    def padded(self) -> int:
+        """How many positions of this epoch's order are padding repeats (``even="pad"``)."""
+        return int(self._plan()[1].sum())
+
+    @property
+    def dropped(self) -> int:
+        """How many of this rank's samples this epoch cuts (``even="truncate"``)."""
+        return self._plan()[2]
+
+    def _plan(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """(order, padding mask, dropped) for the current epoch, computed once per epoch."""
+        if self._planned is not None and self._planned[0] == self.epoch:
+            return self._planned[1:]
+        mine = self._mine.copy()
+        if self.shuffle:
+            _shuffled(mine, self.seed, self.epoch, self.rank)
+        lengths, padded, dropped = self.lengths, 0, 0
+        if self.even == "pad":
+            padded = int(lengths.max()) - mine.size
+            order = np.concatenate([mine, np.resize(mine, padded)])
+            if lengths.min() < lengths.max():
+                log.warning("epoch %d: padded %d samples over %d ranks to %d per rank (this rank %d: %d repeats); "
+                            "skip them with sampler.padding in metrics, or use even='truncate'", self.epoch,
+                            int((lengths.max() - lengths).sum()), self.world_size, int(lengths.max()), self.rank,
+                            padded)
+        elif self.even == "truncate":
+            dropped = mine.size - int(lengths.min())
+            order = mine[: int(lengths.min())]
+            if lengths.max() > lengths.min():
+                log.warning("epoch %d: dropped %d of %d samples to cut %d ranks to %d each (this rank %d: %d); "
+                            "use even='pad' to keep them", self.epoch, int((lengths - lengths.min()).sum()),
+                            int(lengths.sum()), self.world_size, int(lengths.min()), self.rank, dropped)
+        else:
+            order = mine
+        padding = np.zeros(order.size, bool)
+        padding[order.size - padded:] = True
+        self._planned = (self.epoch, order, padding, dropped)
+        return self._planned[1:]
+
+    def _indices(self) -> np.ndarray:
+        return self._plan()[0]
+
+    def __len__(self) -> int:
+        return int(self._plan()[0].size)
