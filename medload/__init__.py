@@ -10,7 +10,7 @@ Example:
 
 __version__ = "0.1.0"  # defined before the imports below: the store writer records it
 
-from medload import windows  # noqa: E402
+from medload import viz, windows  # noqa: E402  (viz loads matplotlib only when it draws)
 from medload.config import IngestConfig  # noqa: E402
 from medload.errors import MedloadError  # noqa: E402
 from medload.storage.records import RejectRecord, SeriesRecord  # noqa: E402
@@ -29,5 +29,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'medload' has no attribute {name!r}")
 
 
-__all__ = ["open_store", "Store", "SliceDataset", "SlabDataset", "make_loader", "MedloadReader", "IngestConfig", "SeriesRecord", "RejectRecord", "windows",
+__all__ = ["open_store", "Store", "SliceDataset", "SlabDataset", "make_loader", "MedloadReader", "IngestConfig", "SeriesRecord", "RejectRecord", "windows", "viz",
            "MedloadError", "__version__"]

@@ -34,13 +34,16 @@ class SampleIndex:
 
 def select_series(records: Iterable[SeriesRecord], *, modality: str | Sequence[str] | None = None,
                   kernel: str | Sequence[str] | None = None, thickness: tuple[float, float] | None = None,
-                  keys: Sequence[str] | None = None) -> list[SeriesRecord]:
+                  keys: str | Iterable[str] | None = None) -> list[SeriesRecord]:
     """Records matching every given filter: modality, convolution kernel (exact names), slice
     thickness range in mm (inclusive; series without SliceThickness are excluded), series keys or
-    key prefixes."""
+    key prefixes (one string, any iterable of them such as a catalog's ``key`` column, or a catalog
+    frame itself: its ``key`` column is used)."""
     def one_of(value: str | None, allowed) -> bool:
         return allowed is None or value in ({allowed} if isinstance(allowed, str) else set(allowed))
 
+    if keys is not None:
+        keys = _key_prefixes(keys)
     out = []
     for rec in records:
         if not one_of(rec.modality, modality) or not one_of(rec.kernel, kernel):
@@ -48,10 +51,21 @@ def select_series(records: Iterable[SeriesRecord], *, modality: str | Sequence[s
         if thickness is not None and (rec.slice_thickness is None
                                       or not thickness[0] <= rec.slice_thickness <= thickness[1]):
             continue
-        if keys is not None and not any(rec.key.startswith(k) for k in keys):
+        if keys is not None and not rec.key.startswith(keys):
             continue
         out.append(rec)
     return out
+
+
+def _key_prefixes(keys) -> tuple[str, ...]:
+    """Key filter values as a tuple for ``str.startswith`` (a lone string is one key, not its letters)."""
+    if hasattr(keys, "columns"):  # a DataFrame, e.g. a filtered Store.catalog(): iterating it gives column names
+        if "key" not in keys.columns:
+            raise ConfigError("a frame given as keys needs a 'key' column: pass store.catalog() rows or their .key")
+        keys = keys["key"]
+    if isinstance(keys, (str, bytes)):
+        keys = [keys]
+    return tuple(k.hex() if isinstance(k, bytes) else str(k).lower() for k in keys)
 
 
 def _index(records: Sequence[SeriesRecord], counts: Sequence[int], starts: Sequence[np.ndarray]) -> SampleIndex:

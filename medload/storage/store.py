@@ -12,9 +12,11 @@ an environment is never used across ``fork``).
 
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lmdb
 import numpy as np
@@ -26,11 +28,17 @@ from medload.config import CacheConfig, parse_size
 from medload.errors import ChecksumError, ConfigError, SeriesNotFoundError, StoreError, StoreFormatError
 from medload.storage import shard as sh
 from medload.storage.codec import decode_value, value_shape
-from medload.storage.keys import SERIES_KEY_BYTES, slice_key, split_slice_key
+from medload.storage.keys import match_key, slice_key, split_slice_key
+from medload.storage.live import merge, read_shard
 from medload.storage.manifest import Manifest, ShardEntry, read_manifest, shard_path
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = ["Store", "open_store"]
+
+log = logging.getLogger(__name__)
 
 _NUMPY_DTYPES = {"int16": np.int16, "float32": np.float32, "uint8": np.uint8, "uint16": np.uint16}
 
@@ -60,7 +68,15 @@ def _cache_config(cache: CacheConfig | str | int | None) -> CacheConfig:
 
 
 class Store:
-    """Read access to a medload store (see :func:`open_store`)."""
+    """Read access to a medload store (see :func:`open_store`).
+
+    Example:
+        >>> store = medload.open_store("stores/sample")                # doctest: +SKIP
+        >>> [(r.key[:12], r.shape) for r in store.series()]
+        [('d12ba8cd9adb', (28, 512, 512))]
+        >>> store.read("d12ba8", 10, 13).shape     # a unique key prefix is enough
+        (3, 512, 512)
+    """
 
     def __init__(self, path: str | os.PathLike, cache: CacheConfig | str | int | None = None) -> None:
         self.path = Path(path)
@@ -97,28 +113,23 @@ class Store:
     # ---- records -----------------------------------------------------------------------------
     def _all_records(self) -> dict[bytes, SeriesRecord]:
         if self._records is None:
-            records: dict[bytes, SeriesRecord] = {}
-            for entry in self.manifest.shards:
-                env = self._meta_env(entry.name)
-                with env.begin(buffers=True) as txn:
-                    dbs = sh.open_dbs(env, [sh.SERIES], create=False, txn=txn)
-                    for k, v in txn.cursor(db=dbs[sh.SERIES]):
-                        records[bytes(k)] = replace(SeriesRecord.from_json(bytes(v)), shard=entry.name)
-            self._records = dict(sorted(records.items()))
+            self._load_records()
         return self._records
 
     def _all_labels(self) -> dict[bytes, LabelRecord]:
         if self._labels is None:
-            labels: dict[bytes, LabelRecord] = {}
-            for entry in self.manifest.shards:
-                env = self._meta_env(entry.name)
-                with env.begin(buffers=True) as txn:
-                    dbs = sh.open_dbs(env, [sh.LABEL_SERIES], create=False, txn=txn)
-                    if sh.LABEL_SERIES in dbs:
-                        for k, v in txn.cursor(db=dbs[sh.LABEL_SERIES]):
-                            labels[bytes(k)] = replace(LabelRecord.from_json(bytes(v)), shard=entry.name)
-            self._labels = labels
+            self._load_records()
         return self._labels
+
+    def _load_records(self) -> None:
+        """The live series and label records: a later shard's replacement supersedes earlier copies
+        (see :mod:`medload.storage.live`)."""
+        live = merge(read_shard(self._meta_env(e.name), e.name) for e in self.manifest.shards)
+        for (kind, key), (shard, why) in live.broken.items():
+            log.warning("%s record %s in shard %s does not parse (%s): skipped; run `medload verify %s`",
+                        kind, key.hex(), shard, why, self.path)
+        self._records = dict(sorted(live.series.items()))
+        self._labels = live.labels
 
     def labels(self, key: str | bytes) -> LabelRecord | None:
         """The label record of a series (classes, per-slice foreground counts, source), or None."""
@@ -128,6 +139,19 @@ class Store:
         """Records of every stored volume, sorted by key."""
         return list(self._all_records().values())
 
+    def catalog(self) -> pd.DataFrame:
+        """A pandas DataFrame of the series (scanner, kernel, geometry, labels, pseudonyms, shard), one
+        row per series; its ``key`` column filters datasets (see :mod:`medload.storage.catalog`).
+
+        Example:
+            >>> cat = store.catalog()                                          # doctest: +SKIP
+            >>> cat.groupby("kernel").slices.sum()
+            >>> SliceDataset(store, keys=cat.query("kernel == 'B30f'").key)
+        """
+        from medload.storage.catalog import catalog  # pandas loads on first use, not with medload
+
+        return catalog(self)
+
     def record(self, key: str | bytes) -> SeriesRecord:
         """The record of one series, by key bytes, full hex key or a unique hex prefix."""
         records = self._all_records()
@@ -135,15 +159,7 @@ class Store:
             if key in records:
                 return records[key]
             raise SeriesNotFoundError(f"no series {key.hex()} in {self.path}: list them with `medload ls {self.path}`")
-        text = key.lower()
-        if len(text) == 2 * SERIES_KEY_BYTES and bytes.fromhex(text) in records:
-            return records[bytes.fromhex(text)]
-        matches = [r for k, r in records.items() if k.hex().startswith(text)] if text else []
-        if len(matches) == 1:
-            return matches[0]
-        if not matches:
-            raise SeriesNotFoundError(f"no series key starts with {key!r} in {self.path}: list them with `medload ls {self.path}`")
-        raise SeriesNotFoundError(f"{len(matches)} series keys start with {key!r}: give more digits")
+        return records[match_key(key, records, self.path)]
 
     def rejects(self, *, include_skipped: bool = True) -> list[RejectRecord]:
         """Quarantine records: inputs that were rejected (and, by default, skipped), sorted by source."""
