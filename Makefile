@@ -21,11 +21,13 @@ $(BIN)/.dev-installed: $(BIN)/.installed pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@
 
-# System packages the tests use: dcm2niix (reference converter, the geometry oracle).
+# System packages the tests use: dcm2niix (reference converter, the geometry oracle); orthanc and
+# orthanc-dicomweb (a real DICOMweb server: tests/test_dicomweb.py starts its own on loopback).
+APT_PACKAGES := dcm2niix orthanc orthanc-dicomweb
 apt-deps:
-	@command -v dcm2niix >/dev/null 2>&1 || { \
+	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { \
 	  $(SUDO) apt-get update -qq && \
-	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dcm2niix >/dev/null; }
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; }
 
 demo: $(BIN)/.installed
 	$(BIN)/medload ingest sample_data/philips_ct_head/dicom $(STORE)
@@ -35,6 +37,7 @@ demo: $(BIN)/.installed
 test: $(BIN)/.dev-installed apt-deps
 	$(BIN)/ruff check medload tests benchmarks sample_data
 	$(BIN)/pytest -q
+	$(BIN)/pytest -q --nbmake notebooks
 
 clean:
 	rm -rf stores runs .pytest_cache .hypothesis

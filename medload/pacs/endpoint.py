@@ -1,0 +1,126 @@
+"""Where a DICOMweb server is, and how medload authenticates to it.
+
+``dicomweb://HOST:PORT/PATH`` names a DICOMweb service root over HTTP, ``dicomwebs://`` over HTTPS
+(PS3.18 §8.2: the service root the QIDO-RS and WADO-RS resources hang from). Credentials never come
+from the command line or the URL, which shell history and process lists keep: they come from a file
+only its owner can read (``user:password``, or a bearer token on its own), or from the environment
+(``MEDLOAD_DICOMWEB_USER`` + ``MEDLOAD_DICOMWEB_PASSWORD``, or ``MEDLOAD_DICOMWEB_TOKEN``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from medload.errors import ConfigError
+
+__all__ = ["Endpoint", "Credentials", "is_dicomweb_url", "parse_endpoint", "load_credentials", "tls_context"]
+
+log = logging.getLogger(__name__)
+
+_SCHEMES = {"dicomweb": "http", "dicomwebs": "https"}
+_ENV_USER, _ENV_PASSWORD, _ENV_TOKEN = "MEDLOAD_DICOMWEB_USER", "MEDLOAD_DICOMWEB_PASSWORD", "MEDLOAD_DICOMWEB_TOKEN"
+_HOW = f"use --credentials FILE (mode 0600) or {_ENV_USER}/{_ENV_PASSWORD} or {_ENV_TOKEN}"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A DICOMweb service root: ``base`` is its http(s) URL without a trailing slash (and never with
+    credentials, so it is safe in messages)."""
+
+    base: str
+
+    @property
+    def secure(self) -> bool:
+        return self.base.startswith("https:")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A user name and password (HTTP Basic), or a bearer token (``user`` is None). The secret is
+    left out of ``repr`` so it cannot reach a log or a traceback by accident."""
+
+    user: str | None
+    secret: str = field(repr=False)
+
+
+def is_dicomweb_url(text: str | os.PathLike) -> bool:
+    """Whether ``text`` is a ``dicomweb://`` or ``dicomwebs://`` source."""
+    return str(text).lower().startswith(tuple(f"{scheme}://" for scheme in _SCHEMES))
+
+
+def parse_endpoint(url: str) -> Endpoint:
+    """The service root named by a ``dicomweb://`` or ``dicomwebs://`` URL; ConfigError if it is malformed
+    or carries credentials (the message never repeats the URL then)."""
+    parts = urlsplit(url)
+    scheme = _SCHEMES.get(parts.scheme.lower())
+    if scheme is None:
+        raise ConfigError(f"{url!r} is not a DICOMweb source: write dicomweb://HOST:PORT/PATH (dicomwebs:// for TLS)")
+    if "@" in parts.netloc:
+        raise ConfigError(f"the {parts.scheme}:// URL carries a user name or password, which shell history and process "
+                          f"lists keep: remove it from the URL and {_HOW}")
+    try:
+        parts.port  # validates the port
+    except ValueError:
+        raise ConfigError(f"{url!r} has an invalid port: write dicomweb://HOST:PORT/PATH") from None
+    if not parts.hostname:
+        raise ConfigError(f"{url!r} names no host: write dicomweb://HOST:PORT/PATH")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{url!r} has a query part: give search keys with --query, e.g. --query 'Modality=CT'")
+    return Endpoint(f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}")
+
+
+def load_credentials(path: Path | None, environ: Mapping[str, str] = os.environ) -> Credentials | None:
+    """Credentials from ``path`` if given (refused unless only its owner can read it), else from the
+    environment, else None (anonymous access)."""
+    if path is not None:
+        return _from_file(Path(path))
+    token, user, password = (environ.get(name) or None for name in (_ENV_TOKEN, _ENV_USER, _ENV_PASSWORD))
+    if token and (user or password):
+        raise ConfigError(f"both {_ENV_TOKEN} and {_ENV_USER}/{_ENV_PASSWORD} are set: unset one of them")
+    if token:
+        return Credentials(None, token)
+    if bool(user) != bool(password):
+        raise ConfigError(f"set both {_ENV_USER} and {_ENV_PASSWORD} (only one is set)")
+    return Credentials(user, password) if user else None
+
+
+def _from_file(path: Path) -> Credentials:
+    """``user:password`` or a token on the first non-empty line of a file only its owner may read."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise ConfigError(f"cannot read credentials file {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"credentials file {path} is not a regular file")
+    if info.st_uid != os.getuid():
+        raise ConfigError(f"credentials file {path} belongs to another user: use a file of your own (mode 0600)")
+    if info.st_mode & 0o077:
+        raise ConfigError(f"credentials file {path} is readable or writable by other users (mode "
+                          f"{stat.S_IMODE(info.st_mode):04o}): run `chmod 600 {path}`")
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise ConfigError(f"credentials file {path} is empty: write user:password, or a bearer token, on one line")
+    user, sep, secret = lines[0].partition(":")
+    if not sep:
+        return Credentials(None, lines[0])
+    if not user or not secret:
+        raise ConfigError(f"credentials file {path}: write user:password (both non-empty), or a bearer token alone")
+    return Credentials(user, secret)
+
+
+def tls_context(ca_bundle: Path | None) -> ssl.SSLContext | bool:
+    """Certificate verification for ``dicomwebs://``: the default trust store, or ``ca_bundle`` (PEM) for a
+    server whose certificate a private CA (or the server itself) signed. Verification is never off."""
+    if ca_bundle is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(ca_bundle))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load CA bundle {ca_bundle}: {exc}; give a PEM file of CA certificates") from None
