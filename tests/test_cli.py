@@ -86,5 +86,17 @@ def test_bad_arguments_give_clear_errors(tmp_path):
 
 
 def test_every_command_has_help():
-    for cmd in ("ingest", "info", "ls", "export", "rejects"):
-        assert "Usage" in medload(cmd, "--help").stdout
+    """``medload --help`` lists every command, and each command and subcommand (view, cache warm...) has
+    its own help (in-process through click: one interpreter start per command would be slow)."""
+    from click.testing import CliRunner
+
+    from medload.cli import cli
+
+    listing = medload("--help").stdout
+    assert {"ingest", "info", "ls", "export", "rejects", "cache", "view"} <= set(cli.commands)
+    paths = [[name] for name in cli.commands]
+    paths += [[name, sub] for name, cmd in cli.commands.items() for sub in getattr(cmd, "commands", {})]
+    for path in paths:
+        assert path[0] in listing
+        result = CliRunner().invoke(cli, [*path, "--help"])
+        assert result.exit_code == 0 and "Usage" in result.output and cli.commands[path[0]].help, path

@@ -1,0 +1,5 @@
+"""``python -m medload.cli``: the same as the ``medload`` command."""
+
+from medload.cli import main
+
+main()

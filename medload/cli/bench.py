@@ -1,0 +1,34 @@
+"""``medload bench``: medload against MONAI's pipelines and other peers, measured side by side in one run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from medload.cli.app import cli
+
+
+@cli.command()
+@click.option("--quick", is_flag=True, help="Less data and fewer batches (a few minutes on 2 cores).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write every printed figure to this JSON file.")
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="A folder of your own DICOM instead of synthetic CT.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a PNG of samples/s per contender.")
+@click.option("--sections", default="ingest,loading,scaling,gpu", show_default=True,
+              help="Comma-separated subset to run (gpu runs only where CUDA is available).")
+@click.option("--device", default="cpu", show_default=True, help="Where loading batches land: cpu, cuda, cuda:1...")
+@click.option("--readme", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the results as markdown tables (command, date, machine) to this file.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+def bench(quick: bool, json_out: Path | None, data: Path | None, plot: Path | None, sections: str, device: str,
+          readme: Path | None, no_progress: bool) -> None:
+    """Benchmark ingest, 2.5D/3D loading, scaling and (with CUDA) the GPU path against peers, in this run."""
+    from medload.bench.run import readme_tables, run_bench
+
+    results = run_bench(quick=quick, json_out=json_out, data=data, plot=plot, sections=sections.split(","),
+                        device=device, progress=not no_progress)
+    if readme is not None:
+        readme.write_text(readme_tables(results))

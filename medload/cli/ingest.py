@@ -1,0 +1,151 @@
+"""``medload ingest``: files, folders, archives or a DICOMweb server into a store, with a closing summary."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from medload.cli.app import cli, console, short, size
+from medload.config import MedloadConfig, with_overrides
+from medload.storage.codec import CODECS, DEFAULT_CODEC
+
+
+class _Source(click.Path):
+    """An existing file, folder or archive, or a ``dicomweb://`` / ``dicomwebs://`` URL (kept as text)."""
+
+    def convert(self, value, param, ctx):
+        from medload.pacs.endpoint import is_dicomweb_url
+
+        return str(value) if is_dicomweb_url(value) else super().convert(value, param, ctx)
+
+
+@cli.command()
+@click.argument("sources", nargs=-1, required=True, type=_Source(exists=True, path_type=Path))
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--workers", type=int, default=None, help="Decoding processes (default: all cores).")
+@click.option("--windows", default=None, help="Also store uint8 planes for these windows, e.g. lung,soft_tissue,350/50.")
+@click.option("--codec", type=click.Choice(sorted(CODECS)), default=None,
+              help=f"Slice codec of a new store (default {DEFAULT_CODEC}).")
+@click.option("--tilt-policy", type=click.Choice(["reject", "shear"]), default=None,
+              help="Gantry-tilted (sheared) stacks: reject (default), or keep with the sheared affine.")
+@click.option("--shard-size", default=None, help="Publish a shard past this size (default 4GB).")
+@click.option("--worker-memory", default=None,
+              help="Memory cap of each decoding process, e.g. 4GB (default); an input needing more is quarantined. "
+                   "0: no cap.")
+@click.option("--decode-timeout", type=float, default=None,
+              help="Seconds one input may take in a decoding process (default 60); a longer one is quarantined. "
+                   "0: no limit.")
+@click.option("--plausibility", type=click.Choice(["reject", "flag", "off"]), default=None,
+              help="CT pixels that decode but cannot be real (values no scanner writes, a slice unlike its "
+                   "neighbours): reject the series (default), flag it, or do not check.")
+@click.option("--key-file", type=click.Path(path_type=Path), default=None,
+              help="Pseudonymisation key (default $MEDLOAD_KEY_FILE or ~/.config/medload/pseudonym.key).")
+@click.option("--strict", is_flag=True, default=None, help="Exit 1 if any input was rejected.")
+@click.option("--labels", "label_paths", multiple=True, type=click.Path(exists=True, path_type=Path),
+              help="Label masks (NIfTI/NRRD named after the SeriesInstanceUID or a key prefix), SEG/RTSTRUCT files, "
+                   "or a mapping file (CSV/JSON with series,label). Repeatable. SEG/RTSTRUCT among SOURCES pair "
+                   "with their series by themselves.")
+@click.option("--roi-map", type=click.Path(exists=True, path_type=Path), default=None,
+              help='JSON {"class": ["ROI name", ...]} giving RTSTRUCT ROIs consistent class ids.')
+@click.option("--force", "force_keys", multiple=True, metavar="KEY",
+              help="Write stored series KEY (hex key, or a unique prefix of 8+ digits) again from SOURCES, replacing "
+                   "the stored copy and its labels (give those again with --labels). Repeatable; exit 1 if its "
+                   "files are not among SOURCES.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+@click.option("--query", default=None, help="dicomweb:// source: QIDO-RS matching keys, e.g. "
+                                            "'Modality=CT&StudyDate=20150101-20151231' (default: every series).")
+@click.option("--credentials", type=click.Path(path_type=Path), default=None,
+              help="dicomweb:// source: file (mode 0600) holding user:password or a bearer token; else the "
+                   "MEDLOAD_DICOMWEB_USER/MEDLOAD_DICOMWEB_PASSWORD or MEDLOAD_DICOMWEB_TOKEN variables.")
+@click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="dicomwebs:// source: PEM certificates of the CA that signed the server's (verification is always on).")
+@click.option("--connections", type=int, default=None, help="dicomweb:// source: instances retrieved at once (default 8).")
+@click.option("--spool-instances", type=int, default=None,
+              help="dicomweb:// source: instances spooled on disk at once (default 1000; a larger series is spooled whole).")
+@click.pass_obj
+def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, workers: int | None,
+           windows: str | None, codec: str | None, tilt_policy: str | None, shard_size: str | None,
+           worker_memory: str | None, decode_timeout: float | None, plausibility: str | None,
+           key_file: Path | None, strict: bool | None, label_paths: tuple[Path, ...], roi_map: Path | None,
+           force_keys: tuple[str, ...], no_progress: bool, query: str | None, credentials: Path | None,
+           ca_bundle: Path | None, connections: int | None, spool_instances: int | None) -> None:
+    """Ingest DICOM files, folders and zip/tar archives (SOURCES) into STORE; or the series a DICOMweb server
+    finds (one SOURCE dicomweb://HOST:PORT/PATH, dicomwebs:// for TLS)."""
+    from medload.ingest.run import ingest as run_ingest
+
+    cfg = with_overrides(config.ingest, workers=workers, codec=codec, tilt_policy=tilt_policy,
+                         windows=None if windows is None else tuple(w for w in windows.split(",") if w),
+                         shard_bytes=size(shard_size), worker_memory=size(worker_memory),
+                         decode_timeout=decode_timeout, plausibility=plausibility, strict=strict or None)
+    remote = {"query": query, "credentials": credentials, "ca_bundle": ca_bundle, "connections": connections,
+              "spool_instances": spool_instances}
+    if any(isinstance(s, str) for s in sources):
+        unsupported = label_paths or roi_map or force_keys
+        report = _ingest_dicomweb(sources, store, cfg, key_file, not no_progress, unsupported, **remote)
+    elif any(v is not None for v in remote.values()):
+        raise click.UsageError("--query, --credentials, --ca-bundle, --connections and --spool-instances apply to a "
+                               "dicomweb:// source only")
+    else:
+        report = run_ingest(list(sources), store, config=cfg, key_file=key_file, progress=not no_progress,
+                            labels=label_paths, roi_map=_read_roi_map(roi_map), force=force_keys)
+    _print_ingest_summary(report)
+    sys.exit(report.exit_code(cfg.strict))
+
+
+def _ingest_dicomweb(sources, store, cfg, key_file, progress, unsupported, *, query, credentials, ca_bundle,
+                     connections, spool_instances):
+    from medload.pacs.ingest import RetrieveOptions, ingest_dicomweb
+
+    if len(sources) != 1:
+        raise click.UsageError("a dicomweb:// source is ingested on its own: give it as the only SOURCE")
+    if unsupported:
+        raise click.UsageError("--labels, --roi-map and --force do not combine with a dicomweb:// source (SEG and "
+                               "RTSTRUCT objects the search finds are retrieved and ingested like any other instance)")
+    sizes = {k: v for k, v in {"connections": connections, "spool_instances": spool_instances}.items() if v is not None}
+    return ingest_dicomweb(sources[0], store, query=query or "", credentials=credentials, ca_bundle=ca_bundle,
+                           config=cfg, key_file=key_file, progress=progress, options=RetrieveOptions(**sizes))
+
+
+def _read_roi_map(path: Path | None) -> dict[str, list[str]] | None:
+    if path is None:
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        return {str(name): [str(a) for a in aliases] for name, aliases in doc.items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise click.BadParameter(f'{path} must hold {{"class": ["ROI name", ...]}} ({exc})') from None
+
+
+def _print_ingest_summary(report) -> None:
+    table = Table(title=f"ingest into {report.store}")
+    for col in ("series", "status", "modality", "shape (D,H,W)", "reason"):
+        table.add_column(col)
+    for s in report.series:
+        shape = "x".join(map(str, s.shape)) if s.shape else f"{s.planes} planes"
+        table.add_row(short(s.key), s.status, s.modality, shape, s.reason or "")
+    console.print(table)
+    files = [r for r in report.rejects if r.series is None]
+    for status in ("skipped", "rejected"):
+        reasons = Counter(r.reason for r in files if r.status == status)
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            example = next(r.source for r in files if r.status == status and r.reason == reason)
+            console.print(f"  {status} {n} file(s): {reason}  [e.g. {example}]")
+    for outcome in report.labels:
+        where = f"series {short(outcome.key)}" if outcome.key else "no series"
+        detail = ", ".join(outcome.classes) if outcome.classes else (outcome.reason or "")
+        console.print(f"  label {outcome.status}: {outcome.source} ({outcome.kind}) -> {where}: {detail}")
+    c = report.counts
+    console.print(
+        f"[bold]{c['ingested']} ingested, {c['present']} already present, {c['skipped']} skipped, "
+        f"{c['rejected']} rejected[/bold]"
+        + (f", {c['replaced']} replaced" if c["replaced"] else "")
+        + (f", [red]{c['not_found']} forced series not found among the sources[/red]" if c["not_found"] else "")
+        + (f", {c['conflict']} in conflict" if c["conflict"] else "")
+        + f"; {len(files)} file(s) quarantined; {report.files} files, {report.bytes / 1e6:.1f} MB in "
+        f"{report.seconds:.1f} s ({report.files_per_second:.0f} files/s, {report.megabytes_per_second:.0f} MB/s)"
+    )

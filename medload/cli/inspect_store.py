@@ -1,0 +1,109 @@
+"""Looking into a store: ``info``, ``ls``, ``export``, ``rejects``, ``view``."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from medload.cli.app import cli, console, short
+
+
+@cli.command()
+@click.argument("store", type=click.Path(exists=True, path_type=Path))
+def info(store: Path) -> None:
+    """Summary of STORE: format, shards, series, quarantine."""
+    from medload.storage.store import open_store
+
+    st = open_store(store)
+    m = st.manifest
+    records = st.series()
+    console.print(f"[bold]{store}[/bold]: format v{m.version}, codec {m.codec}, windows {', '.join(m.windows) or 'none'}, "
+               f"{len(m.shards)} shard(s), {sum(s.bytes for s in m.shards) / 1e6:.1f} MB, created by {m.created_by}")
+    table = Table()
+    for col in ("series", "modality", "shape (D,H,W)", "spacing mm (x,y,z)", "dtype", "manufacturer", "kernel", "flags"):
+        table.add_column(col)
+    for r in records:
+        table.add_row(short(r.key), r.modality, "x".join(map(str, r.shape)), ", ".join(f"{v:.3g}" for v in r.spacing),
+                      r.dtype, r.manufacturer or "", r.kernel or "", ", ".join(r.flags))
+    console.print(table)
+    counts = Counter((r.status, r.stage) for r in st.rejects())
+    if counts:
+        console.print("quarantine: " + "; ".join(f"{n} {status} at {stage}" for (status, stage), n in sorted(counts.items()))
+                   + f" (details: medload rejects {store} --all)")
+    console.print(f"{len(records)} series, {sum(r.shape[0] for r in records)} slices")
+
+
+@cli.command(name="ls")
+@click.argument("store", type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of series records.")
+def ls_(store: Path, as_json: bool) -> None:
+    """List the series of STORE (keys, shapes, geometry, digests)."""
+    from medload.storage.store import open_store
+
+    records = open_store(store).series()
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in records], indent=1))
+        return
+    for r in records:
+        click.echo(f"{r.key}  {r.modality:3s} {'x'.join(map(str, r.shape)):>14s}  digest {r.digest}")
+
+
+@cli.command()
+@click.argument("store", type=click.Path(exists=True, path_type=Path))
+@click.argument("key")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--label", is_flag=True, help="Export the series' label map instead of its image.")
+def export(store: Path, key: str, out: Path, label: bool) -> None:
+    """Write series KEY (a unique key prefix is enough) of STORE as NIfTI to OUT (.nii or .nii.gz)."""
+    from medload.storage.nifti import export_nifti
+    from medload.storage.store import open_store
+
+    path = export_nifti(open_store(store), key, out, label=label)
+    console.print(f"wrote {path}")
+
+
+@cli.command()
+@click.argument("store", type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of quarantine records.")
+@click.option("--all", "include_skipped", is_flag=True, help="Include skipped inputs (localizers, reports...).")
+def rejects(store: Path, as_json: bool, include_skipped: bool) -> None:
+    """Inputs of STORE that were rejected (and with --all, skipped), with stage and reason."""
+    from dataclasses import asdict
+
+    from medload.storage.store import open_store
+
+    records = open_store(store).rejects(include_skipped=include_skipped)
+    if as_json:
+        click.echo(json.dumps([asdict(r) for r in records], indent=1))
+        return
+    table = Table()
+    for col in ("status", "stage", "source", "reason"):
+        table.add_column(col)
+    for r in records:
+        table.add_row(r.status, r.stage, r.source, r.reason)
+    console.print(table)
+
+
+@cli.command()
+@click.argument("store", type=click.Path(exists=True, path_type=Path))
+@click.argument("key")
+@click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="PNG file to write.")
+@click.option("--z", type=int, default=None, help="Slice index (default: the middle slice).")
+@click.option("--window", default="soft_tissue", show_default=True,
+              help="Window preset (brain, soft_tissue, lung, liver, bone) or WIDTH/LEVEL such as 350/50.")
+@click.option("--label", is_flag=True, help="Tint the series' label classes over the image.")
+@click.option("--montage", type=int, default=None, metavar="N", help="N slices spread over the series in a grid.")
+def view(store: Path, key: str, out: Path, z: int | None, window: str, label: bool, montage: int | None) -> None:
+    """Write slice Z of series KEY of STORE as a PNG in a window, one pixel per voxel (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: never open a window
+    from medload.storage.store import open_store
+    from medload.viz import write_png
+
+    path = write_png(open_store(store), key, out, z, window=window, label=label, count=montage)
+    console.print(f"wrote {path}")
