@@ -12,6 +12,9 @@ Contenders (each timed run is a fresh process, so none inherits another's import
 - ``medload ingest``: everything ``medload ingest`` does -- header pass, grouping, geometry checks, HU,
   blosc2 encoding, checksums, digests, one LMDB transaction per series, shard publish -- at 1 and N
   workers; the child tunes its allocator as the ``medload`` command does.
+- ``medload ingest --scheduler local:N``: the same on a Dask LocalCluster of 1 and N workers (each task
+  decoding in a process of its own and writing its own shard); the time includes starting the cluster
+  (about 2 s here), as a user of ``--scheduler local`` pays it.
 
 Python contenders time their work after their imports. One untimed warm-up run per contender fills
 the page cache. Figures: files/s and MB/s from the median of the repeats (min-max kept), per core, and
@@ -104,12 +107,12 @@ def _run_simpleitk(src: Path) -> dict:
     return {"decoded": read, "series": series, "series_failed": len(errors), "errors": errors[:5]}
 
 
-def _run_medload(src: Path, store: Path, workers: int, codec: str) -> dict:
+def _run_medload(src: Path, store: Path, workers: int, codec: str, scheduler: str | None) -> dict:
     from medload.config import IngestConfig
     from medload.ingest import ingest
 
     shutil.rmtree(store, ignore_errors=True)
-    report = ingest(src, store, config=IngestConfig(workers=workers, codec=codec))
+    report = ingest(src, store, config=IngestConfig(workers=workers, codec=codec), scheduler=scheduler)
     if report.count("ingested") == 0:
         raise RuntimeError(f"medload ingested nothing: {report.counts}")
     return {"counts": dict(report.counts)}
@@ -123,6 +126,8 @@ def _child(spec: dict) -> dict:
 
         keep_large_buffers_in_heap()  # as the `medload` command does for its own process
         import medload.ingest  # noqa: F401 - imports are not timed
+        if spec.get("scheduler"):
+            import distributed  # noqa: F401
     elif kind == "simpleitk":
         import SimpleITK  # noqa: F401
     else:
@@ -133,7 +138,7 @@ def _child(spec: dict) -> dict:
     elif kind == "simpleitk":
         out = _run_simpleitk(src)
     else:
-        out = _run_medload(src, Path(spec["store"]), spec["workers"], spec["codec"])
+        out = _run_medload(src, Path(spec["store"]), spec["workers"], spec["codec"], spec.get("scheduler"))
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -192,6 +197,10 @@ def contenders(src: Path, work: Path, *, cores: int, codecs: Sequence[str] = (CO
             out.append(IngestContender(f"medload ingest ({cores} workers)", cores,
                                        child(kind="medload", store=str(work / f"storeN{tag}"), workers=cores,
                                              codec=codec)))
+    for n in sorted({1, cores}):
+        out.append(IngestContender(f"medload ingest --scheduler local:{n}", n,
+                                   child(kind="medload", store=str(work / f"store-dask{n}"), workers=n, codec=CODEC,
+                                         scheduler=f"local:{n}")))
     return out
 
 

@@ -28,6 +28,9 @@ class _Source(click.Path):
 @click.argument("sources", nargs=-1, required=True, type=_Source(exists=True, path_type=Path))
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--workers", type=int, default=None, help="Decoding processes (default: all cores).")
+@click.option("--scheduler", default=None, metavar="local[:N]|tcp://HOST:PORT|tls://HOST:PORT|slurm[:JOBS]",
+              help="Run the header pass and decoding as tasks on a Dask cluster: a LocalCluster of N workers (default "
+                   "--workers, else one per core), a running scheduler, or Slurm jobs via dask-jobqueue (docs/dask.md).")
 @click.option("--windows", default=None, help="Also store uint8 planes for these windows, e.g. lung,soft_tissue,350/50.")
 @click.option("--codec", type=click.Choice(sorted(CODECS)), default=None,
               help=f"Slice codec of a new store (default {DEFAULT_CODEC}).")
@@ -72,8 +75,9 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
            windows: str | None, codec: str | None, tilt_policy: str | None, shard_size: str | None,
            worker_memory: str | None, decode_timeout: float | None, plausibility: str | None,
            key_file: Path | None, strict: bool | None, label_paths: tuple[Path, ...], roi_map: Path | None,
-           force_keys: tuple[str, ...], no_progress: bool, query: str | None, credentials: Path | None,
-           ca_bundle: Path | None, connections: int | None, spool_instances: int | None) -> None:
+           force_keys: tuple[str, ...], no_progress: bool, scheduler: str | None, query: str | None,
+           credentials: Path | None, ca_bundle: Path | None, connections: int | None,
+           spool_instances: int | None) -> None:
     """Ingest DICOM files, folders and zip/tar archives (SOURCES) into STORE; or the series a DICOMweb server
     finds (one SOURCE dicomweb://HOST:PORT/PATH, dicomwebs:// for TLS)."""
     from medload.ingest.run import ingest as run_ingest
@@ -85,6 +89,8 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
     remote = {"query": query, "credentials": credentials, "ca_bundle": ca_bundle, "connections": connections,
               "spool_instances": spool_instances}
     if any(isinstance(s, str) for s in sources):
+        if scheduler is not None:
+            raise click.UsageError("--scheduler does not combine with a dicomweb:// source yet")
         unsupported = label_paths or roi_map or force_keys
         report = _ingest_dicomweb(sources, store, cfg, key_file, not no_progress, unsupported, **remote)
     elif any(v is not None for v in remote.values()):
@@ -92,7 +98,7 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
                                "dicomweb:// source only")
     else:
         report = run_ingest(list(sources), store, config=cfg, key_file=key_file, progress=not no_progress,
-                            labels=label_paths, roi_map=_read_roi_map(roi_map), force=force_keys)
+                            labels=label_paths, roi_map=_read_roi_map(roi_map), force=force_keys, scheduler=scheduler)
     _print_ingest_summary(report)
     sys.exit(report.exit_code(cfg.strict))
 
@@ -146,6 +152,7 @@ def _print_ingest_summary(report) -> None:
         + (f", {c['replaced']} replaced" if c["replaced"] else "")
         + (f", [red]{c['not_found']} forced series not found among the sources[/red]" if c["not_found"] else "")
         + (f", {c['conflict']} in conflict" if c["conflict"] else "")
+        + (f", [red]{c['failed']} failed (run the ingest again to retry them)[/red]" if c["failed"] else "")
         + f"; {len(files)} file(s) quarantined; {report.files} files, {report.bytes / 1e6:.1f} MB in "
         f"{report.seconds:.1f} s ({report.files_per_second:.0f} files/s, {report.megabytes_per_second:.0f} MB/s)"
     )

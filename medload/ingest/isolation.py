@@ -196,7 +196,7 @@ class IsolatedPool:
     """``workers`` supervised processes running ``initializer(*initargs)`` once, then tasks.
 
     ``memory``: data-segment cap per worker in bytes (0: none); ``timeout``: seconds one input may
-    take (0: no limit). Use as a context manager; :meth:`submit` tasks, then :meth:`wait` for each (while
+    take (0: no limit); ``size``: the number of workers. Use as a context manager; :meth:`submit` tasks, then :meth:`wait` for each (while
     waiting for one, the pool takes in the results of all). A task's result is what ``fn(arg)``
     returned, or a :class:`Lost`.
     """
@@ -204,6 +204,7 @@ class IsolatedPool:
     def __init__(self, workers: int, initializer: Callable, initargs: tuple, *, memory: int = 0,
                  timeout: float = 0.0) -> None:
         self._ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        self.size = workers
         self._init = (initializer, initargs)
         self._memory, self._timeout = memory, timeout
         self._tick = min(1.0, max(0.05, timeout / 20)) if timeout else None

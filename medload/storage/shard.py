@@ -17,7 +17,7 @@ import lmdb
 from medload.errors import StoreError
 
 __all__ = ["SLICES", "LABELS", "LABEL_SERIES", "SERIES", "REJECTS", "REPLACED", "INDEXES", "window_db", "open_write_env",
-           "open_read_env", "reader_env", "close_reader_envs", "env_bytes", "open_dbs"]
+           "open_read_env", "reader_env", "close_reader_envs", "env_bytes", "open_dbs", "written_db_names", "reserve"]
 
 SLICES = b"slices"
 LABELS = b"labels"
@@ -29,6 +29,7 @@ REPLACED = b"replaced"
 #: index sub-databases: an attribute value -> series keys (sorted duplicates)
 INDEXES = {"modality": b"idx_modality", "study": b"idx_study", "patient": b"idx_patient", "body_part": b"idx_body_part"}
 _MAX_DBS = 64
+_MAP_HEADROOM = 1 << 30
 
 
 def window_db(name: str) -> bytes:
@@ -109,3 +110,16 @@ def env_bytes(env: lmdb.Environment) -> int:
     """Bytes in use in an environment's data file."""
     info, stat = env.info(), env.stat()
     return (info["last_pgno"] + 1) * stat["psize"]
+
+
+def written_db_names(windows: tuple[str, ...] | list[str]) -> list[bytes]:
+    """Every sub-database a shard being written holds, for a store with these ``windows``."""
+    return [SLICES, LABELS, LABEL_SERIES, SERIES, REJECTS, REPLACED, *INDEXES.values(), *(window_db(w) for w in windows)]
+
+
+def reserve(env: lmdb.Environment, estimated_bytes: int) -> None:
+    """Grow the map of a shard being written so that ``estimated_bytes`` more fit, with room to spare
+    (call it between transactions: LMDB refuses to resize under an open one)."""
+    needed = env_bytes(env) + 2 * estimated_bytes + _MAP_HEADROOM
+    if env.info()["map_size"] < needed:
+        env.set_mapsize(needed)

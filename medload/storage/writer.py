@@ -246,9 +246,7 @@ class StoreWriter:
 
     def _begin(self, estimated_bytes: int, key: bytes, replaces: bool = False) -> SeriesTransaction:
         env = self._staging_env()
-        needed = sh.env_bytes(env) + 2 * estimated_bytes + _MAP_HEADROOM
-        if env.info()["map_size"] < needed:
-            env.set_mapsize(needed)
+        sh.reserve(env, estimated_bytes)
         return SeriesTransaction(self, key, env.begin(write=True), replaces=replaces)
 
     def put_rejects(self, records: Iterable[RejectRecord]) -> int:
@@ -265,12 +263,10 @@ class StoreWriter:
 
     def _staging_env(self) -> lmdb.Environment:
         if self._env is None:
-            self._staging_name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
+            self._staging_name = _new_shard_name()
             path = staging_path(self.root, self._staging_name)
             self._env = sh.open_write_env(path, map_size=self.shard_bytes + _MAP_HEADROOM)
-            names = [sh.SLICES, sh.LABELS, sh.LABEL_SERIES, sh.SERIES, sh.REJECTS, sh.REPLACED, *sh.INDEXES.values()]
-            names += [sh.window_db(w) for w in self.manifest.windows]
-            self._dbs = sh.open_dbs(self._env, names, create=True)
+            self._dbs = sh.open_dbs(self._env, sh.written_db_names(self.manifest.windows), create=True)
         return self._env
 
     def _committed(self, key: bytes, record: SeriesRecord | None, label: LabelRecord | None, replaces: bool) -> None:
@@ -302,6 +298,28 @@ class StoreWriter:
         self._add_to_manifest(name, target)
         log.info("published shard %s", name)
 
+    def adopt(self, path: Path) -> dict[bytes, SeriesRecord]:
+        """Publish a shard that another process wrote, synced and closed (a task of an ingest on Dask,
+        see :mod:`medload.ingest.dask_engine`), under a new name; return its series records.
+
+        A shard holding a series the store already has is refused (StoreError) and left where it is:
+        publishing it would store that series twice, so a task that ran twice is published once.
+        """
+        name = _new_shard_name()
+        env = sh.open_read_env(path)
+        try:
+            found = read_shard(env, name)
+        finally:
+            env.close()
+        twice = sorted(k.hex()[:12] for k in found.series if k in self.series_fingerprints)
+        if twice or found.broken:
+            raise StoreError(f"shard {path} holds series already in {self.root} ({', '.join(twice)}) or records that "
+                             f"do not parse: not published")
+        self._publish_path(name, path)
+        for key, record in found.series.items():
+            self.series_fingerprints[key] = record.source_fingerprint
+        return found.series
+
     def reseal(self, names: Iterable[str]) -> None:
         """Record the present size and xxh3-128 of these published shards in ``store.json``: for shards whose
         bytes changed after publishing although every live value in them verifies (``medload repair``)."""
@@ -322,6 +340,11 @@ class StoreWriter:
         self.manifest.shards.append(ShardEntry(name=name, series=n, bytes=data.stat().st_size,
                                                digest=file_digest(data)))
         write_manifest(self.root, self.manifest)
+
+
+def _new_shard_name() -> str:
+    """A shard name that sorts by creation time and is unique across writers and machines."""
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
 
 
 def _count(env: lmdb.Environment, *names: bytes) -> int:

@@ -1,0 +1,54 @@
+"""The shard one task of an ingest on Dask writes (:mod:`medload.ingest.dask_engine`).
+
+A task writes the series of its batch into a staging shard of its own, under the run's directory in
+``staging/``, each series in one write transaction, as :class:`~medload.storage.writer.StoreWriter`
+does; it takes no lock and never touches ``store.json``. The coordinator, the store's one writer,
+publishes the finished shard (:meth:`~medload.storage.writer.StoreWriter.adopt`). An attempt that dies
+leaves an unfinished shard in the run's directory, which is never published and is removed at the end
+of the run (or by the next ingest into the store).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import lmdb
+
+from medload.storage import shard as sh
+from medload.storage.records import LabelRecord, SeriesRecord
+from medload.storage.writer import SeriesTransaction
+
+__all__ = ["TaskShardWriter"]
+
+
+class TaskShardWriter:
+    """Write series into a new shard at ``path``; :meth:`close` syncs it and says whether it holds any."""
+
+    def __init__(self, path: Path, windows: tuple[str, ...]) -> None:
+        self.path = Path(path)
+        self._windows = windows
+        self._env: lmdb.Environment | None = None
+        self._dbs: dict = {}
+        self.committed: list[bytes] = []
+
+    def begin_series(self, key: bytes, estimated_bytes: int) -> SeriesTransaction:
+        """Start the one write transaction of series ``key``."""
+        if self._env is None:
+            self._env = sh.open_write_env(self.path, map_size=2 * estimated_bytes)
+            self._dbs = sh.open_dbs(self._env, sh.written_db_names(self._windows), create=True)
+        sh.reserve(self._env, estimated_bytes)
+        return SeriesTransaction(self, key, self._env.begin(write=True))
+
+    def _committed(self, key: bytes, record: SeriesRecord | None, label: LabelRecord | None, replaces: bool) -> None:
+        self.committed.append(key)
+
+    def close(self) -> bool:
+        """Sync and close the shard; remove it if no series was committed. Whether it holds any."""
+        if self._env is not None:
+            self._env.sync(True)
+            self._env.close()
+            self._env = None
+        if not self.committed:
+            shutil.rmtree(self.path, ignore_errors=True)
+        return bool(self.committed)
