@@ -152,6 +152,21 @@ def test_newer_format_version_is_refused(tmp_path, volumes):
         open_store(tmp_path)
 
 
+def test_a_version_1_store_is_read_and_upgraded_by_its_next_writer(tmp_path, volumes):
+    """Version 2 only added the ``replaced`` sub-database, which a version-1 store lacks."""
+    keys = sorted(volumes)
+    _write(tmp_path / "s", {k: volumes[k] for k in keys[:1]})
+    manifest = tmp_path / "s" / "store.json"
+    doc = json.loads(manifest.read_text())
+    doc["version"] = 1
+    manifest.write_text(json.dumps(doc))
+    assert open_store(tmp_path / "s").manifest.version == 1
+    assert len(open_store(tmp_path / "s").series()) == 1
+    _write(tmp_path / "s", {k: volumes[k] for k in keys[1:2]})
+    assert json.loads(manifest.read_text())["version"] == 2
+    assert len(open_store(tmp_path / "s").series()) == 2
+
+
 def _crash_while_writing(root, volumes, die_in: int) -> None:
     """Run a writer in a child process that dies (os._exit) inside the transaction of series ``die_in``."""
     keys = sorted(volumes)

@@ -22,11 +22,15 @@ import xxhash
 
 from medload.errors import StoreFormatError
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Manifest", "ShardEntry", "read_manifest", "write_manifest",
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry", "read_manifest", "write_manifest",
            "manifest_path", "shard_path", "staging_path", "write_file_atomic", "fsync_dir", "file_digest"]
 
 FORMAT_NAME = "medload-store"
-FORMAT_VERSION = 1
+#: 2 added each shard's ``replaced`` sub-database (``ingest --force``, see :mod:`medload.storage.live`).
+#: A version-1 store is a version-2 store without markers: it is read as is, and its manifest says 2 once
+#: a writer of this version rewrites it (a version-1 reader would ignore markers, so it must refuse).
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -64,10 +68,10 @@ class Manifest:
             raise StoreFormatError(f"{where} is not valid JSON ({exc}): the store manifest is damaged") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise StoreFormatError(f"{where} is not a medload store manifest")
-        if doc.get("version") != FORMAT_VERSION:
+        if doc.get("version") not in READABLE_VERSIONS:
             raise StoreFormatError(
-                f"{where} has store format version {doc.get('version')}; this medload reads version "
-                f"{FORMAT_VERSION}: use the medload release that wrote it, or re-ingest"
+                f"{where} has store format version {doc.get('version')}; this medload reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}: use the medload release that wrote it, or re-ingest"
             )
         try:
             return cls(
@@ -76,6 +80,7 @@ class Manifest:
                 key_fingerprint=doc["key_fingerprint"],
                 created_by=doc["created_by"],
                 shards=[ShardEntry(**s) for s in doc["shards"]],
+                version=doc["version"],
             )
         except (KeyError, TypeError) as exc:
             raise StoreFormatError(f"{where} lacks or mangles field {exc}: the store manifest is damaged") from None
@@ -135,5 +140,6 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:
-    """Atomically replace ``store.json``."""
+    """Atomically replace ``store.json``, in this medload's format version."""
+    manifest.version = FORMAT_VERSION
     write_file_atomic(manifest_path(root), manifest.to_json().encode())
