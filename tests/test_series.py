@@ -77,3 +77,17 @@ def test_sixteen_bit_mr_is_stored_as_float32_not_refused(tmp_path, run_ingest):
     volume = store.read(rec.key)
     assert volume.dtype == np.float32 and volume.max() == 65000
     assert np.array_equal(volume[volume != 65000], (gen.hu + 1024)[volume != 65000])
+
+
+def test_headers_of_a_batch_share_repeated_values_without_changing_any():
+    """The header pass gives equal values one object per batch (memory of 10 M headers), never merging
+    values that merely compare equal: -0.0 keeps its sign."""
+    from conftest import slice_header
+    from medload.ingest.worker import _share_repeats
+
+    headers = [slice_header((0, 0, z), name=f"{z}.dcm", instance=str(z)) for z in range(3)]
+    headers.append(slice_header((0, 0, 3), orientation=(1.0, -0.0, 0.0, 0.0, 1.0, 0.0), name="3.dcm"))
+    shared = _share_repeats(headers, {})
+    assert shared == headers
+    assert shared[0].series is shared[2].series and shared[0].orientation is shared[2].orientation
+    assert str(shared[3].orientation[1]) == "-0.0" and shared[3].orientation is not shared[0].orientation

@@ -12,7 +12,7 @@ that crashed or hung a worker.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import xxhash
@@ -136,15 +136,45 @@ def header_batch(refs: list[SourceRef]) -> list[list[SliceHeader] | LabelInput |
     """Header pass over a batch of inputs: per input, its planes, the LabelInput of a SEG/RTSTRUCT, or a
     :class:`Failure`."""
     out: list[list[SliceHeader] | Failure] = []
+    seen: dict = {}
     for i, ref in enumerate(refs):
         mark(i)
         try:
-            out.append(read_headers(ref, _State.pseudo, _State.cfg))
+            found = read_headers(ref, _State.pseudo, _State.cfg)
         except FATAL:
             raise
         except BaseException as exc:  # noqa: BLE001 -- a damaged file must never stop the run (see FATAL)
             out.append(_failure(ref, "header", exc))
+            continue
+        out.append(_share_repeats(found, seen) if isinstance(found, list) else found)
     return out
+
+
+#: SliceHeader fields whose values repeat across the planes of a series. Giving equal values one object
+#: per batch lets the pickled batch hold each once, so the ingest process, which keeps every header until
+#: its series is planned, holds ~1.0 KB per plane instead of ~2.4 KB (tracemalloc, Philips series; about
+#: 10 rather than 24 GB for 10 million slices), for ~20 us per plane against ~600 us of parsing.
+_REPEATED = ("sop_class", "series", "frame_of_reference", "study", "patient", "modality", "image_type",
+             "photometric", "orientation", "pixel_spacing", "transfer_syntax", "echo", "stack", "manufacturer",
+             "model", "kernel", "body_part", "window")
+
+
+def _share_repeats(headers: list[SliceHeader], seen: dict) -> list[SliceHeader]:
+    out = []
+    for h in headers:
+        shared = {}
+        for name in _REPEATED:
+            value = getattr(h, name)
+            shared[name] = seen.setdefault((name, value if type(value) is str else _exact(value)), value)
+        out.append(replace(h, **shared))
+    return out
+
+
+def _exact(value):
+    """A key equal only for identical values: -0.0 is not 0.0, 1 is not 1.0 nor True."""
+    if isinstance(value, tuple):
+        return tuple(_exact(v) for v in value)
+    return (type(value), value.hex() if isinstance(value, float) else value)
 
 
 def decode_chunk(chunk: DecodeChunk) -> list[EncodedSlice] | Failure:
