@@ -2,7 +2,11 @@
 
 :class:`Orthanc` runs ``Orthanc CONFIG.json`` with a generated configuration: a free port on loopback
 (``RemoteAccessAllowed: false``; Orthanc 1.10 cannot bind one address), a temporary storage folder, the
-DICOMweb plugin, authentication with a generated user and password, no DICOM (DIMSE) listener.
+DICOMweb plugin, authentication with a generated user and password; with ``dimse=True`` also a DICOM
+(DIMSE) listener on a free port (Orthanc 1.10 listens on every interface: only callers from 127.0.0.1
+registered as ``calling_aet`` may query and retrieve, ``DicomCheckModalityHost``), which checks the called
+AE title, logs each C-GET request (``--verbose``) and reads instances from disk on every retrieval
+(no storage cache), so that a test can damage one.
 :class:`Proxy` sits between medload and Orthanc: it counts the requests it forwards, answers HTTP 500
 for chosen paths and can hold chosen requests until released; with a certificate it speaks TLS.
 """
@@ -46,11 +50,15 @@ def free_port() -> int:
 
 
 class Orthanc:
-    """One Orthanc process with DICOMweb at ``dicomweb_url``; ``user`` and ``password`` are generated."""
+    """One Orthanc process with DICOMweb at ``dicomweb_url``; ``user`` and ``password`` are generated.
+    With ``dimse``: a DICOM listener at ``dimse_url`` for C-FIND and C-GET from ``calling_aet``."""
 
-    def __init__(self, folder: Path) -> None:
+    AET = "ORTHANC"
+
+    def __init__(self, folder: Path, *, dimse: bool = False, calling_aet: str = "MEDLOAD") -> None:
         self.user, self.password = "medload", secrets.token_urlsafe(18)
         self.port = free_port()
+        self.dicom_port = free_port() if dimse else None
         config = {
             "Name": "medload-test", "StorageDirectory": str(folder / "db"), "IndexDirectory": str(folder / "db"),
             "HttpPort": self.port, "RemoteAccessAllowed": False, "DicomServerEnabled": False,
@@ -58,11 +66,21 @@ class Orthanc:
             "Plugins": [str(dicomweb_plugin())], "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
             "HttpDescribeErrors": True,
         }
+        if dimse:
+            config.update({
+                "DicomServerEnabled": True, "DicomAet": self.AET, "DicomPort": self.dicom_port,
+                "DicomCheckCalledAet": True, "DicomCheckModalityHost": True, "MaximumStorageCacheSize": 0,
+                # Port: where Orthanc would connect for C-MOVE/C-STORE SCU, which these tests never ask for
+                "DicomModalities": {"medload": {"AET": calling_aet, "Host": "127.0.0.1", "Port": 104,
+                                                "AllowFind": True, "AllowGet": True, "AllowMove": False,
+                                                "AllowStore": False, "AllowEcho": True}},
+            })
         self.config = folder / "orthanc.json"
         self.config.write_text(json.dumps(config))
         self.log = folder / "orthanc.log"
+        args = [ORTHANC, *(["--verbose"] if dimse else []), str(self.config)]
         with open(self.log, "wb") as log:
-            self._proc = subprocess.Popen([ORTHANC, str(self.config)], stdout=log, stderr=subprocess.STDOUT)
+            self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         self._wait_ready()
 
     @property
@@ -72,6 +90,27 @@ class Orthanc:
     @property
     def dicomweb_url(self) -> str:
         return f"dicomweb://127.0.0.1:{self.port}/dicom-web"
+
+    @property
+    def dimse_url(self) -> str:
+        return f"dimse://{self.AET}@127.0.0.1:{self.dicom_port}"
+
+    def c_gets(self) -> int:
+        """C-GET requests Orthanc has received so far (lines of its --verbose log)."""
+        return self.log.read_text(errors="replace").count("C-GET-SCU request received")
+
+    def resource_id(self, uid: str) -> str:
+        """Orthanc's own identifier of the study, series or instance with this DICOM UID (REST /tools/lookup);
+        its log names resources by it."""
+        return json.loads(self._request("POST", "/tools/lookup", uid.encode()))[0]["ID"]
+
+    def stored_file(self, sop_instance_uid: str) -> Path:
+        """The file in Orthanc's storage folder holding the instance (its ``dicom`` attachment UUID, by which
+        the filesystem storage area names files)."""
+        instance = self.resource_id(sop_instance_uid)
+        uuid = json.loads(self._request("GET", f"/instances/{instance}/attachments/dicom/info"))["Uuid"]
+        config = json.loads(self.config.read_text())
+        return Path(config["StorageDirectory"]) / uuid[:2] / uuid[2:4] / uuid
 
     def _request(self, method: str, path: str, data: bytes | None = None) -> bytes:
         token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()

@@ -1,4 +1,4 @@
-"""``medload ingest``: files, folders, archives or a DICOMweb server into a store, with a closing summary."""
+"""``medload ingest``: files, folders, archives or a PACS (DICOMweb or DIMSE) into a store, with a closing summary."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ from medload.storage.codec import CODECS, DEFAULT_CODEC
 
 
 class _Source(click.Path):
-    """An existing file, folder or archive, or a ``dicomweb://`` / ``dicomwebs://`` URL (kept as text)."""
+    """An existing file, folder or archive, or a ``dicomweb://`` / ``dicomwebs://`` / ``dimse://`` URL (kept
+    as text)."""
 
     def convert(self, value, param, ctx):
-        from medload.pacs.endpoint import is_dicomweb_url
+        from medload.pacs.endpoint import is_remote_url
 
-        return str(value) if is_dicomweb_url(value) else super().convert(value, param, ctx)
+        return str(value) if is_remote_url(value) else super().convert(value, param, ctx)
 
 
 @cli.command()
@@ -60,8 +61,12 @@ class _Source(click.Path):
                    "the stored copy and its labels (give those again with --labels). Repeatable; exit 1 if its "
                    "files are not among SOURCES.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
-@click.option("--query", default=None, help="dicomweb:// source: QIDO-RS matching keys, e.g. "
+@click.option("--query", default=None, help="dicomweb:// or dimse:// source: matching keys (QIDO-RS, or C-FIND), e.g. "
                                             "'Modality=CT&StudyDate=20150101-20151231' (default: every series).")
+@click.option("--calling-aet", default=None,
+              help="dimse:// source: medload's own AE title (default MEDLOAD), as registered in the PACS with "
+                   "permission to query (C-FIND) and retrieve (C-GET). Plain DIMSE is unencrypted: use it on a "
+                   "trusted network only.")
 @click.option("--credentials", type=click.Path(path_type=Path), default=None,
               help="dicomweb:// source: file (mode 0600) holding user:password or a bearer token; else the "
                    "MEDLOAD_DICOMWEB_USER/MEDLOAD_DICOMWEB_PASSWORD or MEDLOAD_DICOMWEB_TOKEN variables.")
@@ -69,7 +74,8 @@ class _Source(click.Path):
               help="dicomwebs:// source: PEM certificates of the CA that signed the server's (verification is always on).")
 @click.option("--connections", type=int, default=None, help="dicomweb:// source: instances retrieved at once (default 8).")
 @click.option("--spool-instances", type=int, default=None,
-              help="dicomweb:// source: instances spooled on disk at once (default 1000; a larger series is spooled whole).")
+              help="dicomweb:// or dimse:// source: instances spooled on disk at once (default 1000; a larger series "
+                   "is spooled whole).")
 @click.pass_obj
 def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, workers: int | None,
            windows: str | None, codec: str | None, tilt_policy: str | None, shard_size: str | None,
@@ -77,9 +83,10 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
            key_file: Path | None, strict: bool | None, label_paths: tuple[Path, ...], roi_map: Path | None,
            force_keys: tuple[str, ...], no_progress: bool, scheduler: str | None, query: str | None,
            credentials: Path | None, ca_bundle: Path | None, connections: int | None,
-           spool_instances: int | None) -> None:
-    """Ingest DICOM files, folders and zip/tar archives (SOURCES) into STORE; or the series a DICOMweb server
-    finds (one SOURCE dicomweb://HOST:PORT/PATH, dicomwebs:// for TLS)."""
+           spool_instances: int | None, calling_aet: str | None) -> None:
+    """Ingest DICOM files, folders and zip/tar archives (SOURCES) into STORE; or the series a PACS finds:
+    one SOURCE dicomweb://HOST:PORT/PATH (dicomwebs:// for TLS), or dimse://CALLED_AET@HOST:PORT (C-FIND and
+    C-GET, no inbound port needed; plain DIMSE is unencrypted)."""
     from medload.ingest.run import ingest as run_ingest
 
     cfg = with_overrides(config.ingest, workers=workers, codec=codec, tilt_policy=tilt_policy,
@@ -87,15 +94,15 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
                          shard_bytes=size(shard_size), worker_memory=size(worker_memory),
                          decode_timeout=decode_timeout, plausibility=plausibility, strict=strict or None)
     remote = {"query": query, "credentials": credentials, "ca_bundle": ca_bundle, "connections": connections,
-              "spool_instances": spool_instances}
+              "spool_instances": spool_instances, "calling_aet": calling_aet}
     if any(isinstance(s, str) for s in sources):
         if scheduler is not None:
-            raise click.UsageError("--scheduler does not combine with a dicomweb:// source yet")
+            raise click.UsageError("--scheduler does not combine with a dicomweb:// or dimse:// source yet")
         unsupported = label_paths or roi_map or force_keys
-        report = _ingest_dicomweb(sources, store, cfg, key_file, not no_progress, unsupported, **remote)
+        report = _ingest_remote(sources, store, cfg, key_file, not no_progress, unsupported, **remote)
     elif any(v is not None for v in remote.values()):
-        raise click.UsageError("--query, --credentials, --ca-bundle, --connections and --spool-instances apply to a "
-                               "dicomweb:// source only")
+        raise click.UsageError("--query, --credentials, --ca-bundle, --connections, --spool-instances and "
+                               "--calling-aet apply to a dicomweb:// or dimse:// source only")
     else:
         report = run_ingest(list(sources), store, config=cfg, key_file=key_file, progress=not no_progress,
                             labels=label_paths, roi_map=_read_roi_map(roi_map), force=force_keys, scheduler=scheduler)
@@ -103,16 +110,27 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
     sys.exit(report.exit_code(cfg.strict))
 
 
-def _ingest_dicomweb(sources, store, cfg, key_file, progress, unsupported, *, query, credentials, ca_bundle,
-                     connections, spool_instances):
-    from medload.pacs.ingest import RetrieveOptions, ingest_dicomweb
+def _ingest_remote(sources, store, cfg, key_file, progress, unsupported, *, query, credentials, ca_bundle,
+                   connections, spool_instances, calling_aet):
+    from medload.pacs.endpoint import is_dimse_url
+    from medload.pacs.ingest import RetrieveOptions, ingest_dicomweb, ingest_dimse
 
     if len(sources) != 1:
-        raise click.UsageError("a dicomweb:// source is ingested on its own: give it as the only SOURCE")
+        raise click.UsageError("a dicomweb:// or dimse:// source is ingested on its own: give it as the only SOURCE")
     if unsupported:
-        raise click.UsageError("--labels, --roi-map and --force do not combine with a dicomweb:// source (SEG and "
-                               "RTSTRUCT objects the search finds are retrieved and ingested like any other instance)")
+        raise click.UsageError("--labels, --roi-map and --force do not combine with a dicomweb:// or dimse:// source "
+                               "(SEG and RTSTRUCT objects the search finds are retrieved and ingested like any other "
+                               "instance)")
     sizes = {k: v for k, v in {"connections": connections, "spool_instances": spool_instances}.items() if v is not None}
+    if is_dimse_url(sources[0]):
+        if credentials is not None or ca_bundle is not None or connections is not None:
+            raise click.UsageError("--credentials, --ca-bundle and --connections apply to dicomweb:// sources: a DIMSE "
+                                   "PACS authorises medload by its AE title (--calling-aet) and host, over one "
+                                   "unencrypted association")
+        return ingest_dimse(sources[0], store, query=query or "", calling_aet=calling_aet or "MEDLOAD", config=cfg,
+                            key_file=key_file, progress=progress, options=RetrieveOptions(**sizes))
+    if calling_aet is not None:
+        raise click.UsageError("--calling-aet applies to dimse:// sources only")
     return ingest_dicomweb(sources[0], store, query=query or "", credentials=credentials, ca_bundle=ca_bundle,
                            config=cfg, key_file=key_file, progress=progress, options=RetrieveOptions(**sizes))
 

@@ -5,6 +5,9 @@
 from the command line or the URL, which shell history and process lists keep: they come from a file
 only its owner can read (``user:password``, or a bearer token on its own), or from the environment
 (``MEDLOAD_DICOMWEB_USER`` + ``MEDLOAD_DICOMWEB_PASSWORD``, or ``MEDLOAD_DICOMWEB_TOKEN``).
+
+``dimse://CALLED_AET@HOST:PORT`` names a DICOM application entity reached over DIMSE (PS3.8 upper layer,
+unencrypted): its AE title (the *called* AE title of the association, PS3.8 §9.3.2) and TCP address.
 """
 
 from __future__ import annotations
@@ -16,16 +19,19 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from medload.errors import ConfigError
 
-__all__ = ["Endpoint", "Credentials", "is_dicomweb_url", "parse_endpoint", "load_credentials", "tls_context"]
+__all__ = ["Endpoint", "Credentials", "DimseEndpoint", "is_dicomweb_url", "is_dimse_url", "is_remote_url",
+           "parse_endpoint", "parse_dimse_endpoint", "check_ae_title", "load_credentials", "tls_context"]
 
 log = logging.getLogger(__name__)
 
 _SCHEMES = {"dicomweb": "http", "dicomwebs": "https"}
 _ENV_USER, _ENV_PASSWORD, _ENV_TOKEN = "MEDLOAD_DICOMWEB_USER", "MEDLOAD_DICOMWEB_PASSWORD", "MEDLOAD_DICOMWEB_TOKEN"
+_DIMSE = "dimse://"
+_DIMSE_FORM = "write dimse://CALLED_AET@HOST:PORT, e.g. dimse://PACS@pacs.example.org:104"
 _HOW = f"use --credentials FILE (mode 0600) or {_ENV_USER}/{_ENV_PASSWORD} or {_ENV_TOKEN}"
 
 
@@ -50,9 +56,90 @@ class Credentials:
     secret: str = field(repr=False)
 
 
+@dataclass(frozen=True)
+class DimseEndpoint:
+    """A DICOM application entity reached over DIMSE: its AE title (the called AE title), host and port.
+    ``base`` names it in messages and quarantine records.
+
+    Example:
+        >>> parse_dimse_endpoint("dimse://PACS@pacs.example.org:104").base
+        'dimse://PACS@pacs.example.org:104'
+    """
+
+    called_aet: str
+    host: str
+    port: int
+
+    @property
+    def base(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{_DIMSE}{self.called_aet}@{host}:{self.port}"
+
+
 def is_dicomweb_url(text: str | os.PathLike) -> bool:
     """Whether ``text`` is a ``dicomweb://`` or ``dicomwebs://`` source."""
     return str(text).lower().startswith(tuple(f"{scheme}://" for scheme in _SCHEMES))
+
+
+def is_dimse_url(text: str | os.PathLike) -> bool:
+    """Whether ``text`` is a ``dimse://`` source.
+
+    Example:
+        >>> is_dimse_url("dimse://PACS@pacs:104"), is_dimse_url("scans/")
+        (True, False)
+    """
+    return str(text).lower().startswith(_DIMSE)
+
+
+def is_remote_url(text: str | os.PathLike) -> bool:
+    """Whether ``text`` names a PACS (``dicomweb://``, ``dicomwebs://`` or ``dimse://``) rather than files.
+
+    Example:
+        >>> is_remote_url("dimse://PACS@pacs:104"), is_remote_url("dicomweb://pacs/dicom-web")
+        (True, True)
+    """
+    return is_dicomweb_url(text) or is_dimse_url(text)
+
+
+def check_ae_title(title: str, what: str) -> str:
+    """``title`` if it is a valid AE title (PS3.5 §6.2, VR AE: 1-16 characters of the default character
+    repertoire, no backslash, not only spaces), stripped of surrounding spaces; ConfigError otherwise.
+
+    Example:
+        >>> check_ae_title("MEDLOAD", "--calling-aet")
+        'MEDLOAD'
+    """
+    stripped = title.strip(" ")
+    if not stripped or len(title) > 16 or "\\" in title or not all(" " <= c <= "~" for c in title):
+        raise ConfigError(f"{what} {title!r} is not a DICOM AE title: 1 to 16 printable ASCII characters, no "
+                          "backslash (PS3.5 VR AE)")
+    return stripped
+
+
+def parse_dimse_endpoint(url: str) -> DimseEndpoint:
+    """The application entity named by ``dimse://CALLED_AET@HOST:PORT``; ConfigError if it is malformed.
+
+    Example:
+        >>> parse_dimse_endpoint("dimse://ORTHANC@127.0.0.1:4242").port
+        4242
+    """
+    parts = urlsplit(url)
+    if parts.scheme.lower() != _DIMSE[:-3]:
+        raise ConfigError(f"{url!r} is not a DIMSE source: {_DIMSE_FORM}")
+    aet, at, _ = parts.netloc.rpartition("@")
+    if not at or not aet:
+        raise ConfigError(f"{url!r} names no called AE title (the PACS's own AE title): {_DIMSE_FORM}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"{url!r} has an invalid port: {_DIMSE_FORM}") from None
+    if not parts.hostname or port is None:
+        raise ConfigError(f"{url!r} needs a host and a port (DICOM has no default port; 104 and 11112 are common): "
+                          f"{_DIMSE_FORM}")
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        raise ConfigError(f"{url!r} has a path or query part: {_DIMSE_FORM} and give search keys with --query, "
+                          "e.g. --query 'Modality=CT'")
+    return DimseEndpoint(check_ae_title(unquote(aet), "the called AE title"), parts.hostname, port)
 
 
 def parse_endpoint(url: str) -> Endpoint:

@@ -1,22 +1,26 @@
-"""``ingest`` from a DICOMweb server (PS3.18): search, skip what the store holds, retrieve, ingest.
+"""``ingest`` from a PACS -- DICOMweb (PS3.18) or DIMSE (PS3.4 C-FIND/C-GET): search, skip what the store
+holds, retrieve, ingest. Both protocols share everything here; they differ only in their client.
 
-1. One QIDO-RS series search with the user's matching keys.
+1. One series search with the user's matching keys: QIDO-RS, or a SERIES-level C-FIND
+   (:mod:`medload.pacs.dimse`).
 2. Resume: a series whose keyed pseudonym of SeriesInstanceUID (0020,000E) -- computed exactly as the
    header pass does, :meth:`~medload.ingest.deid.Pseudonymizer.uid` -- is in a stored record is not
    retrieved again (reported ``present``). Series with nothing stored (new, skipped, rejected, or cut
    off by a kill) are retrieved.
 3. Series are taken in batches of about ``spool_instances`` instances (a larger series is one batch).
-   A batch's instances are retrieved by ``connections`` threads, each streaming one instance into its own
-   0600 file ``<store>/staging/dicomweb/<instance pseudonym>.dcm``; then the batch goes through the same
+   Each instance of a batch is written into its own 0600 file ``<store>/staging/<dicomweb|dimse>/<instance
+   pseudonym>.dcm`` -- over DICOMweb by ``connections`` threads, each streaming one instance (WADO-RS);
+   over DIMSE by one C-GET per series -- then the batch goes through the same
    :func:`medload.ingest.ingest` as files do, and its files are deleted. Disk use is therefore bounded by
-   one batch (``max(spool_instances, largest series)`` instances), memory by ``connections`` chunks.
-   The retrieval threads have all ended before ``ingest`` forks its decoding workers.
-4. An instance the server cannot deliver (after retries of transient errors) is quarantined with stage
-   ``retrieve``; its whole series is then rejected as incomplete and its other files are deleted before
-   ingest, so no series is ever stored short of an instance.
+   one batch (``max(spool_instances, largest series)`` instances). The retrieval threads have all ended
+   before ``ingest`` forks its decoding workers.
+4. An instance the server cannot deliver (after retries of transient errors; a C-GET with a warning or
+   failure status) is quarantined with stage ``retrieve``; its whole series is then rejected as incomplete
+   and its other files are deleted before ingest, so no series is ever stored short of an instance.
 
 Messages and quarantine records name instances by URL with the UIDs replaced by their keyed pseudonyms
-(``.../studies/<p>/series/<p>/instances/<p>``) plus SeriesNumber and InstanceNumber, never by raw UIDs.
+(``.../studies/<p>/series/<p>/instances/<p>``, after ``http(s)://HOST/ROOT`` or ``dimse://AET@HOST:PORT``)
+plus SeriesNumber and InstanceNumber, never by raw UIDs.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, Protocol
 
 from medload import windows as win
 from medload.config import IngestConfig
@@ -38,21 +44,29 @@ from medload.ingest.deid import Pseudonymizer, load_key
 from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.run import ingest
 from medload.pacs.dicomweb import DicomWebClient, InstanceRef, RetryPolicy, SeriesRef, parse_query
-from medload.pacs.endpoint import load_credentials, parse_endpoint, tls_context
+from medload.pacs.dimse import DimseClient
+from medload.pacs.endpoint import check_ae_title, load_credentials, parse_dimse_endpoint, parse_endpoint, tls_context
 from medload.progress import progress_bar
 from medload.storage.records import RejectRecord
 from medload.storage.store import open_store
 from medload.storage.writer import StoreWriter
 
-__all__ = ["RetrieveOptions", "ingest_dicomweb"]
+__all__ = ["RetrieveOptions", "ingest_dicomweb", "ingest_dimse", "Spool"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class RetrieveOptions:
-    """How instances are retrieved: ``connections`` in flight, about ``spool_instances`` on disk at once,
-    each at most ``max_instance_bytes``; ``timeout`` seconds without data fails an attempt."""
+    """How instances are retrieved: ``connections`` in flight (DICOMweb; DIMSE uses one association),
+    about ``spool_instances`` on disk at once, each at most ``max_instance_bytes``; ``timeout`` seconds
+    without data fails an attempt (DIMSE: an association request or a response); ``retry`` is DICOMweb's
+    policy for transient errors (over DIMSE, a rerun retries what failed).
+
+    Example:
+        >>> RetrieveOptions(connections=4, spool_instances=200).spool_instances
+        200
+    """
 
     connections: int = 8
     spool_instances: int = 1000
@@ -83,22 +97,64 @@ def ingest_dicomweb(url: str, store: str | Path, *, query: str = "", credentials
     search = parse_query(query)
     creds = load_credentials(None if credentials is None else Path(credentials).expanduser())
     verify = tls_context(None if ca_bundle is None else Path(ca_bundle).expanduser())
-    cfg = config or IngestConfig()
     pseudo = Pseudonymizer(load_key(key_file))
     started = time.perf_counter()
-    report = IngestReport(store=str(store))
     with DicomWebClient(endpoint, creds, verify=verify, connections=options.connections, timeout=options.timeout,
                         retry=options.retry) as client:
         found = client.search_series(search)
-        _writer(store, cfg, pseudo).close()  # the store's key, codec, windows and lock are checked before any download
-        todo = _skip_stored(found, Path(store), pseudo, report)
-        log.info("%s: %d series found, %d to retrieve", endpoint.base, len(found), len(todo))
-        with _Spool(Path(store) / "staging" / "dicomweb") as spool:
-            fetcher = _Fetcher(client, pseudo, spool.path, options, report, progress)
-            for complete in fetcher.batches(todo):
-                if complete:
-                    _merge(report, ingest(spool.path, store, config=cfg, key_file=key_file, progress=progress))
-                spool.clear()
+        return _ingest_found(_Wado(client, options), found, "dicomweb", store, config or IngestConfig(), key_file,
+                             pseudo, progress, options, started)
+
+
+def ingest_dimse(url: str, store: str | Path, *, query: str = "", calling_aet: str = "MEDLOAD",
+                 config: IngestConfig | None = None, key_file: str | Path | None = None, progress: bool = False,
+                 options: RetrieveOptions = RetrieveOptions()) -> IngestReport:
+    """Ingest the series a DICOM application entity finds for ``query`` (C-FIND, Study Root, SERIES level)
+    into ``store``, retrieving them by C-GET as ``calling_aet`` (the PACS must know this AE title and let
+    it query and retrieve; C-GET needs no inbound port). DIMSE is unencrypted. See the module docstring.
+
+    Example:
+        >>> report = ingest_dimse("dimse://PACS@pacs.example.org:104", "stores/ct",
+        ...                       query="Modality=CT&StudyDate=20150101-20151231")  # doctest: +SKIP
+    """
+    endpoint = parse_dimse_endpoint(url)
+    search = parse_query(query)
+    calling = check_ae_title(calling_aet, "--calling-aet")
+    pseudo = Pseudonymizer(load_key(key_file))
+    started = time.perf_counter()
+    with DimseClient(endpoint, calling_aet=calling, timeout=options.timeout,
+                     max_instance_bytes=options.max_instance_bytes) as client:
+        found = client.search_series(search)
+        return _ingest_found(client, found, "dimse", store, config or IngestConfig(), key_file, pseudo, progress,
+                             options, started)
+
+
+class _Remote(Protocol):
+    """What the fetcher needs of a PACS client: ``base`` names the server in messages (no credentials)."""
+
+    base: str
+
+    def search_instances(self, series: SeriesRef) -> list[InstanceRef]: ...
+
+    def retrieve(self, batch: list[tuple[SeriesRef, list[InstanceRef]]], spool: Spool,
+                 advance: Callable[[int], None]) -> dict[str, list[tuple[InstanceRef, str]]]:
+        """Write the instances of ``batch`` into ``spool``; those that failed, with why, by SeriesInstanceUID."""
+
+
+def _ingest_found(remote: _Remote, found: list[SeriesRef], spool_name: str, store: str | Path, cfg: IngestConfig,
+                  key_file: str | Path | None, pseudo: Pseudonymizer, progress: bool, options: RetrieveOptions,
+                  started: float) -> IngestReport:
+    """Resume, then retrieve and ingest batch after batch, then record the retrieval rejects."""
+    report = IngestReport(store=str(store))
+    _writer(store, cfg, pseudo).close()  # the store's key, codec, windows and lock are checked before any download
+    todo = _skip_stored(found, Path(store), pseudo, report)
+    log.info("%s: %d series found, %d to retrieve", remote.base, len(found), len(todo))
+    with Spool(Path(store) / "staging" / spool_name, pseudo, options.spool_instances) as spool:
+        fetcher = _Fetcher(remote, pseudo, spool, report, progress)
+        for complete in fetcher.batches(todo):
+            if complete:
+                _merge(report, ingest(spool.path, store, config=cfg, key_file=key_file, progress=progress))
+            spool.clear()
     retrieve_rejects = [r for r in report.rejects if r.stage == "retrieve"]  # ingest() stored the others
     if retrieve_rejects:
         with _writer(store, cfg, pseudo) as writer:
@@ -143,12 +199,19 @@ def _merge(report: IngestReport, part: IngestReport) -> None:
     report.slices_written += part.slices_written
 
 
-class _Spool:
-    """``staging/dicomweb`` of a store (0700), flock-ed so that two DICOMweb ingests of one store do not
-    share it; files a killed run left there are deleted on entry."""
+class Spool:
+    """``staging/dicomweb`` (or ``staging/dimse``) of a store (0700), flock-ed so that two ingests from a
+    PACS into one store do not share it; files a killed run left there are deleted on entry. Instances
+    are written to files named by the keyed pseudonym of their SOPInstanceUID.
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    Example:
+        >>> with Spool(Path("stores/ct/staging/dimse"), pseudo, 1000) as spool:    # doctest: +SKIP
+        ...     with spool.file(sop_instance_uid) as out:
+        ...         out.write(part10_bytes)
+    """
+
+    def __init__(self, path: Path, pseudo: Pseudonymizer, batch: int) -> None:
+        self.path, self.batch, self._pseudo = path, batch, pseudo
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -163,7 +226,38 @@ class _Spool:
         for entry in self.path.iterdir():
             entry.unlink(missing_ok=True)
 
-    def __enter__(self) -> _Spool:
+    def path_of(self, uid: str) -> Path:
+        """The spool file of the instance with SOPInstanceUID ``uid`` (named by its pseudonym)."""
+        return self.path / f"{self._pseudo.uid('instance', uid)}.dcm"
+
+    @contextmanager
+    def file(self, uid: str) -> Iterator[BinaryIO]:
+        """The new 0600 spool file of instance ``uid``, removed again if anything fails while it is written;
+        InputProblem if it exists (the instance is listed twice), StoreError if the disk refuses it."""
+        path = self.path_of(uid)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise InputProblem("retrieve", "the same SOPInstanceUID is listed twice in this batch") from None
+        except OSError as exc:
+            raise StoreError(f"cannot create a spool file in {self.path}: {exc.strerror}") from None
+        try:
+            with open(fd, "w+b") as out:
+                yield out
+        except OSError as exc:
+            path.unlink(missing_ok=True)
+            raise StoreError(f"cannot write a spool file in {self.path}: {exc.strerror}: free space there (one batch "
+                             f"of about {self.batch} instances is spooled at a time)") from None
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+
+    def usage(self) -> tuple[int, int]:
+        """Files and bytes in the spool."""
+        sizes = [entry.stat().st_size for entry in self.path.iterdir()]
+        return len(sizes), sum(sizes)
+
+    def __enter__(self) -> Spool:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -176,10 +270,9 @@ class _Spool:
 class _Fetcher:
     """Retrieves series batch by batch into the spool, recording what fails."""
 
-    def __init__(self, client: DicomWebClient, pseudo: Pseudonymizer, spool: Path, options: RetrieveOptions,
-                 report: IngestReport, progress: bool) -> None:
-        self.client, self.pseudo, self.spool, self.options = client, pseudo, spool, options
-        self.report, self.progress = report, progress
+    def __init__(self, remote: _Remote, pseudo: Pseudonymizer, spool: Spool, report: IngestReport,
+                 progress: bool) -> None:
+        self.remote, self.pseudo, self.spool, self.report, self.progress = remote, pseudo, spool, report, progress
 
     def batches(self, todo: list[SeriesRef]) -> Iterator[int]:
         """Retrieve batch after batch into the spool; yield how many series of each arrived complete
@@ -187,77 +280,41 @@ class _Fetcher:
         batch: list[tuple[SeriesRef, list[InstanceRef]]] = []
         for ref in todo:
             try:
-                instances = self.client.search_instances(ref)
+                instances = self.remote.search_instances(ref)
             except InputProblem as exc:
-                self._reject(ref, 0, exc.reason, ())
+                self._reject(ref, 0, exc.reason, (), "skipped" if exc.skipped else "rejected")
                 continue
             if not instances:
                 self._reject(ref, 0, "the server lists no instance in this series", ())
                 continue
             batch.append((ref, instances))
-            if sum(len(i) for _, i in batch) >= self.options.spool_instances:
+            if sum(len(i) for _, i in batch) >= self.spool.batch:
                 yield self._retrieve(batch)
                 batch = []
         if batch:
             yield self._retrieve(batch)
 
     def _retrieve(self, batch: list[tuple[SeriesRef, list[InstanceRef]]]) -> int:
-        tasks = [(ref, inst) for ref, instances in batch for inst in instances]
-        failed: dict[str, list[tuple[InstanceRef, str]]] = defaultdict(list)
-        began, size = time.perf_counter(), 0
-        with progress_bar("retrieving instances", len(tasks), enabled=self.progress) as advance, \
-                ThreadPoolExecutor(self.options.connections, thread_name_prefix="medload-wado") as pool:
-            futures = {pool.submit(self._one, ref, inst): (ref, inst) for ref, inst in tasks}
-            try:
-                for future in as_completed(futures):
-                    ref, inst = futures[future]
-                    try:
-                        size += future.result()
-                        self.report.files += 1
-                    except InputProblem as exc:
-                        failed[ref.series].append((inst, exc.reason))
-                    advance(1)
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+        total = sum(len(instances) for _, instances in batch)
+        began = time.perf_counter()
+        with progress_bar("retrieving instances", total, enabled=self.progress) as advance:
+            failed = self.remote.retrieve(batch, self.spool, advance)
+        files, size = self.spool.usage()
+        self.report.files += files
         self.report.bytes += size
-        seconds = time.perf_counter() - began
-        log.info("retrieved %d instances of %d series (%.1f MB) in %.1f s", len(tasks) - sum(map(len, failed.values())),
-                 len(batch), size / 1e6, seconds)
+        log.info("retrieved %d instances of %d series (%.1f MB) in %.1f s", files, len(batch), size / 1e6,
+                 time.perf_counter() - began)
         for ref, instances in batch:
             if ref.series in failed:
                 for inst in instances:
-                    self._path(inst).unlink(missing_ok=True)
+                    self.spool.path_of(inst.uid).unlink(missing_ok=True)
                 self._reject_incomplete(ref, instances, failed[ref.series])
         return sum(1 for ref, _ in batch if ref.series not in failed)
-
-    def _one(self, ref: SeriesRef, inst: InstanceRef) -> int:
-        """Retrieve one instance into its spool file (removed again if anything fails)."""
-        path = self._path(inst)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            raise InputProblem("retrieve", "the same SOPInstanceUID is listed twice in this batch") from None
-        except OSError as exc:
-            raise StoreError(f"cannot create a spool file in {self.spool}: {exc.strerror}") from None
-        try:
-            with open(fd, "w+b") as out:
-                return self.client.retrieve_instance(ref, inst, out, self.options.max_instance_bytes)
-        except OSError as exc:
-            path.unlink(missing_ok=True)
-            raise StoreError(f"cannot write a spool file in {self.spool}: {exc.strerror}: free space there (one batch "
-                             f"of about {self.options.spool_instances} instances is spooled at a time)") from None
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
-
-    def _path(self, inst: InstanceRef) -> Path:
-        return self.spool / f"{self.pseudo.uid('instance', inst.uid)}.dcm"
 
     def _url(self, ref: SeriesRef, inst: InstanceRef | None = None) -> str:
         """The resource URL with pseudonyms in place of the UIDs."""
         p = self.pseudo
-        url = f"{self.client.endpoint.base}/studies/{p.uid('study', ref.study)}/series/{p.uid('series', ref.series)}"
+        url = f"{self.remote.base}/studies/{p.uid('study', ref.study)}/series/{p.uid('series', ref.series)}"
         return url if inst is None else f"{url}/instances/{p.uid('instance', inst.uid)}"
 
     def _reject_incomplete(self, ref: SeriesRef, instances: list[InstanceRef],
@@ -274,7 +331,39 @@ class _Fetcher:
                      f"be retrieved ({first}; missing: {', '.join(u.rsplit('/', 1)[1] for u in urls)}); nothing of "
                      "it is stored, a rerun retries it", tuple(urls))
 
-    def _reject(self, ref: SeriesRef, planes: int, reason: str, sources: tuple[str, ...]) -> None:
-        self.report.rejects.append(RejectRecord("rejected", "retrieve", reason, self._url(ref), sources=sources))
-        self.report.series.append(SeriesOutcome(self.pseudo.uid("series", ref.series), "rejected", ref.modality,
+    def _reject(self, ref: SeriesRef, planes: int, reason: str, sources: tuple[str, ...],
+                status: str = "rejected") -> None:
+        self.report.rejects.append(RejectRecord(status, "retrieve", reason, self._url(ref), sources=sources))
+        self.report.series.append(SeriesOutcome(self.pseudo.uid("series", ref.series), status, ref.modality,
                                                 planes, reason=reason))
+
+
+class _Wado:
+    """DICOMweb retrieval: ``connections`` threads, each streaming one instance (WADO-RS) into the spool."""
+
+    def __init__(self, client: DicomWebClient, options: RetrieveOptions) -> None:
+        self.client, self.options, self.base = client, options, client.endpoint.base
+        self.search_instances = client.search_instances
+
+    def retrieve(self, batch: list[tuple[SeriesRef, list[InstanceRef]]], spool: Spool,
+                 advance: Callable[[int], None]) -> dict[str, list[tuple[InstanceRef, str]]]:
+        failed: dict[str, list[tuple[InstanceRef, str]]] = defaultdict(list)
+        with ThreadPoolExecutor(self.options.connections, thread_name_prefix="medload-wado") as pool:
+            futures = {pool.submit(self._one, ref, inst, spool): (ref, inst)
+                       for ref, instances in batch for inst in instances}
+            try:
+                for future in as_completed(futures):
+                    ref, inst = futures[future]
+                    try:
+                        future.result()
+                    except InputProblem as exc:
+                        failed[ref.series].append((inst, exc.reason))
+                    advance(1)
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+        return failed
+
+    def _one(self, ref: SeriesRef, inst: InstanceRef, spool: Spool) -> None:
+        with spool.file(inst.uid) as out:
+            self.client.retrieve_instance(ref, inst, out, self.options.max_instance_bytes)
