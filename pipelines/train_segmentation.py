@@ -7,7 +7,8 @@
 
 Everything here is the package's public API: SliceDataset/SlabDataset, make_loader (int16 batches,
 windowed on the device), BatchAugment (on the device), DistributedPatientSampler (patients to ranks,
-preferring local shards), locality_order (a patient-level validation split), MONAI's UNet and DiceLoss.
+preferring local shards), locality_order (a patient-level validation split), MONAI's UNet and DiceLoss
+(medload.models: the model and training step `medload profile` times too).
 Per epoch it logs the training loss and the validation Dice; it saves the best model and a JSON summary
 (with the patients each rank trained on) in --out.
 
@@ -36,14 +37,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from monai.losses import DiceLoss
 from monai.metrics import DiceMetric
-from monai.networks.nets import UNet
 from torch.nn.parallel import DistributedDataParallel
 
 from medload import open_store, windows
 from medload.data import (AugmentConfig, BatchAugment, DistributedPatientSampler, SlabDataset, SliceDataset,
                           locality_order, make_loader, sample_layout)
+from medload.models import TrainStep, segmentation_unet
 
 log = logging.getLogger("train_segmentation")
 
@@ -158,14 +158,11 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
                                   for s in (train_sampler, val_sampler))
     dims = 3 if args.three_d else 2
     channels = 1 if args.three_d else 2 * args.context + 1
-    width = (8, 16, 32) if args.quick else (32, 64, 128, 256)
-    net = UNet(spatial_dims=dims, in_channels=channels, out_channels=1, channels=width,
-               strides=(2,) * (len(width) - 1), num_res_units=1).to(device)
+    net = segmentation_unet(dims, channels, small=args.quick).to(device)
     if args.init is not None:
         net.load_state_dict(torch.load(args.init, map_location=device, weights_only=True))
     model = net if world == 1 else DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    loss_fn = DiceLoss(sigmoid=True)
+    step = TrainStep(model, lr=args.lr)
     augment = BatchAugment(AugmentConfig(), device=device, seed=args.seed + rank, spatial_dims=dims)
     dice = DiceMetric(include_background=True, reduction="mean")
     if rank == 0:
@@ -196,11 +193,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
                 break  # every rank has the same number of batches, so every rank stops here
             seen.update(batch["index"].tolist())
             image, target = prepare(batch, True)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(image), target)
-            loss.backward()
-            optimizer.step()
-            loss_sum, steps = loss_sum + loss.item(), steps + 1
+            loss_sum, steps = loss_sum + step(image, target).item(), steps + 1
         net.eval()  # the bare module: ranks validate different numbers of batches, so no DDP collectives here
         evaluated = 0
         with torch.no_grad():

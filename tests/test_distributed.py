@@ -11,7 +11,7 @@ import pytest
 
 from conftest import PHILIPS, REPO
 from medload.config import IngestConfig
-from medload.data import DistributedPatientSampler, SliceDataset, shards_for_rank
+from medload.data import DistributedPatientSampler, SlabDataset, SliceDataset, shards_for_rank
 from medload.ingest import ingest
 from medload.storage.store import open_store
 from medload.synthetic import SeriesSpec, make_series
@@ -94,3 +94,26 @@ def test_cache_warm_per_rank_copies_exactly_the_shards_its_sampler_reads(tmp_pat
         assert hot[rank] == reads  # every shard it needs, and only those
     assert set().union(*hot.values()) == all_shards
     assert sum(map(len, hot.values())) < world * len(all_shards)  # ranks do not each copy everything
+
+
+def test_sampler_and_cache_warm_agree_for_every_cost(tmp_path):
+    """Series of two matrix sizes: the sampler spreads each series' cost over its samples, and what it reads
+    is what shards_for_rank names for the same cost (bytes weigh a 48x40 slice 1.9 times a 32x32 one)."""
+    for p in range(8):
+        rows, cols = (32, 32) if p % 2 else (48, 40)
+        make_series(tmp_path / "src" / f"p{p}", SeriesSpec(n_slices=3 + 2 * p, rows=rows, cols=cols), seed=90 + p,
+                    patient_id=f"C{p}")
+    ingest(tmp_path / "src", tmp_path / "store", config=IngestConfig(workers=1, shard_bytes=20_000))
+    store = open_store(tmp_path / "store")
+    records = store.series()
+    measured = {r.key: 0.001 * (1 + i % 3) for i, r in enumerate(records)}  # e.g. timed reads, in seconds
+    for ds in (SliceDataset(store, context=1), SlabDataset(store, depth=3, stride=2)):
+        owners = {}
+        for cost in ("bytes", "slices", measured):
+            for rank in range(3):
+                sampler = DistributedPatientSampler.from_dataset(ds, cost=cost, rank=rank, world_size=3, seed=2,
+                                                                 even="none")
+                reads = {ds.records[ds.index.series[i]].shard for i in sampler}
+                assert reads == set(shards_for_rank(records, rank, 3, seed=2, cost=cost))
+                owners.setdefault(str(cost)[:6], {}).update({ds.index.patients[i]: rank for i in sampler})
+        assert owners["bytes"] != owners["slices"]  # the cost changes the partition

@@ -14,6 +14,8 @@ Sections (each measured in this run, on this machine, against peers measured in 
   16 series: flat is the goal.
 - ``gpu`` (only with a CUDA device; otherwise reported as skipped): H2D bandwidth, GPU utilisation of
   a UNet training step fed by the loader, BatchAugment throughput (:mod:`medload.bench.gpu`).
+- ``autotune`` (only when asked for): ``make_loader(num_workers="auto")`` against a grid of workers x
+  prefetch, samples/s of each (:mod:`medload.bench.autotune`).
 
 Synthetic CT by default (realistic HU from :mod:`medload.synthetic`, written with InstanceNumbers in
 slice order because MONAI's PydicomReader stacks a folder by InstanceNumber); ``data=DIR`` runs on a
@@ -40,6 +42,7 @@ from medload.errors import ConfigError
 __all__ = ["run_bench", "BenchConfig", "FULL", "QUICK", "SECTIONS", "readme_tables"]
 
 SECTIONS = ("ingest", "loading", "scaling", "gpu")
+EXTRA_SECTIONS = ("autotune",)  # run only when named
 
 
 @dataclass(frozen=True)
@@ -269,9 +272,10 @@ def run_bench(*, quick: bool = False, json_out: Path | None = None, data: Path |
 
     started = time.perf_counter()
     sections = tuple(dict.fromkeys(s.strip().lower() for s in sections if s.strip()))
-    unknown = [s for s in sections if s not in SECTIONS]
+    unknown = [s for s in sections if s not in SECTIONS + EXTRA_SECTIONS]
     if unknown or not sections:
-        raise ConfigError(f"unknown benchmark sections {unknown or '(none)'}: choose from {', '.join(SECTIONS)}")
+        raise ConfigError(f"unknown benchmark sections {unknown or '(none)'}: choose from "
+                          f"{', '.join(SECTIONS + EXTRA_SECTIONS)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA device: use --device cpu, or "
                           "install a CUDA build of torch (see the README's set-up)")
@@ -298,6 +302,10 @@ def run_bench(*, quick: bool = False, json_out: Path | None = None, data: Path |
     results["wall_s"] = time.perf_counter() - started
     console = Console(width=None if sys.stdout.isatty() else 250, highlight=False)
     print_tables(section_tables(results), console)
+    if (results.get("autotune") or {}).get("status") == "ok":
+        from medload.bench.autotune import autotune_table
+
+        console.print(autotune_table(results["autotune"]))
     phases = ", ".join(f"{k} {v:.0f} s" for k, v in results.get("timings_s", {}).items())
     console.print(f"wall time {results['wall_s']:.0f} s ({phases}): {results['config']['command']}", soft_wrap=True)
     if json_out is not None:
@@ -325,7 +333,7 @@ def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[s
     if data is None:
         n_pool = max([cfg.series_25d, *scaling_points]) if "scaling" in sections else cfg.series_25d
         gen = []
-        if "ingest" in sections or need_25d or "scaling" in sections:
+        if "ingest" in sections or need_25d or "scaling" in sections or "autotune" in sections:
             _say(progress, f"writing synthetic CT: {n_pool} series x {cfg.slices_25d} slices, "
                            f"{cfg.size_25d}x{cfg.size_25d}" + (f"; {cfg.series_3d} series x {cfg.slices_3d} slices, "
                                                                f"{cfg.size_3d}x{cfg.size_3d}"
@@ -426,6 +434,13 @@ def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[s
                 prep_25d = None if isinstance(prep_25d, dict) else prep_25d
         with clock("gpu"):
             results["gpu"] = _section(_gpu_section, prep_25d, root / "work-gpu", cfg, device)
+    if "autotune" in sections:
+        from medload.bench.autotune import bench_section
+
+        with clock("autotune"):
+            results["autotune"] = _section(bench_section, root / "dicom" if data is None else Path(data),
+                                           root / "work-autotune", key_file=key, quick=cfg is QUICK, device=device,
+                                           timeout=cfg.timeout)
 
 
 def readme_tables(results: dict) -> str:

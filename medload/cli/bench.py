@@ -18,7 +18,8 @@ from medload.cli.app import cli
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a PNG of samples/s per contender.")
 @click.option("--sections", default="ingest,loading,scaling,gpu", show_default=True,
-              help="Comma-separated subset to run (gpu runs only where CUDA is available).")
+              help="Comma-separated subset to run (gpu runs only where CUDA is available; "
+                   "add autotune to measure num_workers=\"auto\" against a grid).")
 @click.option("--device", default="cpu", show_default=True, help="Where loading batches land: cpu, cuda, cuda:1...")
 @click.option("--readme", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the results as markdown tables (command, date, machine) to this file.")

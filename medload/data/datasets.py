@@ -91,8 +91,8 @@ class _StoreDataset(torch.utils.data.Dataset):
         hw = self._hw[self.index.series[np.asarray(indices)]]
         if (hw != hw[0]).any():
             sizes = sorted({tuple(x) for x in hw.tolist()})
-            raise ConfigError(f"a batch mixes matrix sizes {sizes}: filter the dataset to one size "
-                              "(or use batch size 1)")
+            raise ConfigError(f"a batch mixes matrix sizes {sizes}: load the dataset with make_loader, which "
+                              "batches each size apart, or filter it to one size")
         return int(hw[0, 0]), int(hw[0, 1])
 
     # ---- batches ----------------------------------------------------------------------------

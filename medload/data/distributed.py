@@ -2,21 +2,31 @@
 
 One rule, :func:`assign_ranks`, decides both ``medload cache warm --rank R --world W`` (which shards a
 rank copies to its local SSD) and :class:`DistributedPatientSampler` (which samples it trains on), so
-the two agree by construction. The rule sees only each patient's load (slices, samples or weights) per
-shard, so it gives the same answer whether it is fed one entry per series or one per sample:
+the two agree by construction. The rule sees only each patient's *cost* (bytes, slices, samples or
+measured seconds) per shard, so it gives the same answer whether it is fed one entry per series or one
+per sample:
 
-1. A patient's *home shard* is the shard holding most of its load (ties: the first shard in order).
+1. A patient's *home shard* is the shard holding most of its cost (ties: the first shard in order).
 2. Patients are laid out in one sequence: by home shard (in shard order; shard names sort by creation
    time), and within a shard in an order drawn from ``seed``.
-3. The sequence is cut into ``world_size`` runs of near-equal load: a patient goes to rank
-   ``floor(world_size * m / total)``, where ``m`` is the midpoint of its load along the sequence.
+3. The sequence is cut into ``world_size`` runs of near-equal cost: a patient goes to rank
+   ``floor(world_size * m / total)``, where ``m`` is the midpoint of its cost along the sequence. A rank
+   then reads about ``shards / world_size + 1`` shards (a shard is shared only where a cut falls in it).
+4. The cut is within one patient of equal, which on a skewed archive (a few huge patients) is far from
+   it. While two ranks' costs differ by more than 1% of an equal share (``total / world_size``), the
+   pair with the widest such gap that can narrow it exchanges one patient (a move, or a swap with one
+   of the lighter rank's): the exchange that brings their costs closest to equal; among equally good exchanges, a patient whose home shard
+   the lighter rank already reads goes first. Each exchange narrows a gap without widening the overall
+   spread, and the cut's locality is given up only patient by patient, where balance needs it.
 
-So a patient is never on two ranks; each rank's load is within one largest patient of
-``total / world_size`` (the spread between ranks is below twice the largest patient); a rank reads
-about ``shards / world_size + 1`` shards, since a shard is shared only where a cut falls inside it (plus
-the other shards of a patient whose series are spread over several). The assignment does not depend
-on the epoch: a rank keeps its shards for the whole run, which is what makes copying them worthwhile;
-every epoch reshuffles the order *within* each rank instead.
+So a patient is never on two ranks, and two ranks' costs differ by at most 1% of an equal share, or
+else by at most the lightest (non-zero) patient of the heavier rank, which no exchange could move
+without widening the gap (step 4 is capped at four exchanges per patient, far more than it takes).
+Exact balance is out of reach only when single patients are heavy compared with a share (one patient
+costing more than ``total / world_size`` leaves its rank heavier whatever the partition); the rule then
+logs a warning with the figures. The
+assignment does not depend on the epoch: a rank keeps its shards for the whole run, which is what makes
+copying them worthwhile; every epoch reshuffles the order *within* each rank instead.
 
 Example:
     >>> import numpy as np
@@ -27,7 +37,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch.distributed as dist
@@ -43,6 +53,8 @@ log = logging.getLogger(__name__)
 
 _EVEN = ("pad", "truncate", "none")
 _ORDER_STREAM = 6  # rng stream of the within-shard patient order (independent of the epoch)
+_TOLERANCE = 0.01  # step 4 stops once ranks' costs differ by at most this fraction of an equal share
+_STEPS_PER_PATIENT = 4  # cap on step 4's exchanges (it ends well before: each one lowers a sum of squares)
 
 
 def _loads(weights, shape: tuple[int, ...]) -> np.ndarray:
@@ -98,6 +110,79 @@ def locality_order(patients, *, seed: int, shards=None, weights=None) -> np.ndar
     return unique[_sequence(home, seed)]
 
 
+def _cut(load: np.ndarray, order: np.ndarray, world_size: int) -> np.ndarray:
+    """Rank per dense patient: ``order`` cut into ``world_size`` runs of near-equal load (step 3)."""
+    total = load.sum()
+    rank_of = np.zeros(load.size, np.int64)
+    if total > 0:
+        before = np.cumsum(load[order]) - load[order]
+        midpoint2 = 2 * before + load[order]  # twice the midpoint: integer loads stay integers
+        rank_of[order] = np.minimum(world_size * midpoint2 // (2 * total), world_size - 1).astype(np.int64)
+    return rank_of
+
+
+def _exchange(load: np.ndarray, home: np.ndarray, heavy: np.ndarray, light: np.ndarray, gap) -> tuple | None:
+    """The best exchange between a heavier and a lighter rank (their patients ``heavy``/``light``, loads
+    ``gap`` apart): (patient to move, patient to move back or -1, load moved), or None when none narrows
+    the gap. It moves ``d`` with ``0 < d < gap`` closest to ``gap / 2``; ties: home shard read there, then
+    lowest patient numbers."""
+    back = light[np.argsort(load[light], kind="stable")]
+    back_load = np.r_[load.dtype.type(0), load[back]]  # 0: a plain move, nothing comes back
+    out = load[heavy]
+    # the valid loads to take back, (out - gap, out), are centred on out - gap / 2: the nearest is valid if any is
+    target = out - gap / 2
+    above = np.minimum(np.searchsorted(back_load, target), back_load.size - 1)
+    below = np.maximum(above - 1, 0)
+    j = np.where(np.abs(target - back_load[below]) <= np.abs(back_load[above] - target), below, above)
+    moved = out - back_load[j]
+    if not ((moved > 0) & (moved < gap)).any():
+        return None
+    miss = np.where((moved > 0) & (moved < gap), np.abs(2 * moved - gap), np.inf)
+    best = np.lexsort((~np.isin(home[heavy], home[light]), miss))[0]
+    return int(heavy[best]), (int(back[j[best] - 1]) if j[best] else -1), moved[best]
+
+
+def _refine(load: np.ndarray, home: np.ndarray, rank_of: np.ndarray, world_size: int) -> np.ndarray:
+    """``rank_of`` after the exchanges of step 4 (in place). Each exchange strictly lowers the sum of
+    squared rank loads, so the loop ends; the step cap only bounds its time."""
+    rank_load = np.zeros(world_size, load.dtype)
+    np.add.at(rank_load, rank_of, load)
+    slack = _TOLERANCE * load.sum() / world_size
+    for _ in range(_STEPS_PER_PATIENT * load.size):
+        gaps = rank_load[:, None] - rank_load[None, :]
+        heavier, lighter = np.nonzero(gaps > slack)
+        by_rank = np.split(np.argsort(rank_of, kind="stable"), np.cumsum(np.bincount(rank_of, minlength=world_size))[:-1])
+        for k in np.lexsort((lighter, heavier, -gaps[heavier, lighter])):  # widest gap first
+            a, b = int(heavier[k]), int(lighter[k])
+            step = _exchange(load, home, by_rank[a], by_rank[b], gaps[a, b])
+            if step is not None:
+                break
+        else:
+            break
+        p, q, moved = step
+        rank_of[p] = b
+        if q >= 0:
+            rank_of[q] = a
+        rank_load[a] -= moved
+        rank_load[b] += moved
+    return rank_of
+
+
+def _warn_if_unbalanced(load: np.ndarray, rank_of: np.ndarray, world_size: int) -> None:
+    """Says why when the ranks' costs still differ by more than the tolerance: a warning where one patient
+    costs more than an equal share (no partition can balance then), else an info line (a lumpy archive)."""
+    total = load.sum()
+    rank_load = np.bincount(rank_of, weights=load, minlength=world_size)
+    share = total / world_size
+    spread = rank_load.max() - rank_load.min()
+    if total > 0 and spread > _TOLERANCE * share:
+        log.log(logging.WARNING if load.max() > share else logging.INFO,
+                "ranks' costs differ by %.1f%% of an equal share (min %.4g, max %.4g, share %.4g): a patient is "
+                "never split over ranks and the heaviest one alone costs %.0f%% of a share, which bounds the "
+                "balance; fewer ranks (or more patients) balance better", 100 * spread / share, rank_load.min(),
+                rank_load.max(), share, 100 * load.max() / share)
+
+
 def assign_ranks(patients, world_size: int, *, seed: int, shards=None, weights=None) -> np.ndarray:
     """The rank of each entry (a sample or a series): the rule of this module's docstring; pure.
 
@@ -106,21 +191,22 @@ def assign_ranks(patients, world_size: int, *, seed: int, shards=None, weights=N
         world_size: number of ranks.
         seed: shared by all ranks (and by ``medload cache warm --seed``).
         shards: integer shard id per entry (ids sort in shard order); None: one shard.
-        weights: non-negative load per entry (integers cut exactly); None: one per entry.
+        weights: non-negative cost per entry (integers are summed and cut exactly, so give integer costs
+            where series-level and sample-level calls must agree); None: one per entry.
 
     Returns:
         int64 rank per entry.
+
+    Example:
+        >>> costs = np.array([100, 30, 30, 40])             # patient 0 alone is half the cost
+        >>> assign_ranks(np.arange(4), 2, seed=0, weights=costs).tolist()
+        [1, 0, 0, 0]
     """
     world_size = _int("world_size", world_size, low=1)
     seed = _int("seed", seed)
     _, patient, home, load = _patient_loads(patients, shards, weights)
-    order = _sequence(home, seed)
-    total = load.sum()
-    rank_of = np.zeros(load.size, np.int64)
-    if total > 0:
-        before = np.cumsum(load[order]) - load[order]
-        midpoint2 = 2 * before + load[order]  # twice the midpoint: integer loads stay integers
-        rank_of[order] = np.minimum(world_size * midpoint2 // (2 * total), world_size - 1).astype(np.int64)
+    rank_of = _refine(load, home, _cut(load, _sequence(home, seed), world_size), world_size)
+    _warn_if_unbalanced(load, rank_of, world_size)
     return rank_of[patient]
 
 
@@ -154,14 +240,40 @@ def _record_layout(records: Sequence[SeriesRecord]) -> tuple[np.ndarray, np.ndar
     return patients, shards, np.array([r.shape[0] for r in records], np.int64)
 
 
-def shards_for_rank(records: Sequence[SeriesRecord], rank: int, world_size: int, *, seed: int = 0) -> list[str]:
-    """Names of the shards rank ``rank`` of ``world_size`` reads, for a dataset of these series (loads are
-    stored slices, as :meth:`DistributedPatientSampler.from_dataset` counts them)."""
+def _series_costs(records: Sequence[SeriesRecord], cost) -> np.ndarray:
+    """Integer cost per series: ``"bytes"`` stored (slices x rows x columns x bytes per voxel), ``"slices"``,
+    or a mapping of series key to measured read seconds (counted in whole nanoseconds). Integers keep
+    every caller's sums exact, so series-level and sample-level calls cut alike."""
+    if isinstance(cost, Mapping):
+        missing = [r.key for r in records if r.key not in cost]
+        if missing:
+            raise ConfigError(f"cost has no value for {len(missing)} series (e.g. {missing[0]}): measure every series "
+                              "of the dataset, or pass cost='bytes'")
+        seconds = np.array([cost[r.key] for r in records], np.float64)
+        if not np.all(np.isfinite(seconds)) or np.any(seconds < 0):
+            raise ConfigError("cost must map each series key to finite, non-negative seconds")
+        return np.round(seconds * 1e9).astype(np.int64)
+    if cost == "slices":
+        return np.array([r.shape[0] for r in records], np.int64)
+    if cost == "bytes":
+        return np.array([int(np.prod(r.shape)) * np.dtype(r.dtype).itemsize for r in records], np.int64)
+    raise ConfigError(f"cost must be 'bytes', 'slices' or a mapping of series key to seconds; got {cost!r}")
+
+
+def shards_for_rank(records: Sequence[SeriesRecord], rank: int, world_size: int, *, seed: int = 0,
+                    cost="bytes") -> list[str]:
+    """Names of the shards rank ``rank`` of ``world_size`` reads, for a dataset of these series (``cost`` as
+    in :meth:`DistributedPatientSampler.from_dataset`, which must get the same one).
+
+    Example:
+        >>> shards_for_rank(medload.open_store("stores/ct").series(), rank=0, world_size=8, seed=1)  # doctest: +SKIP
+        ['20261130T190455-1a2b3c4d', '20261130T190502-9f8e7d6c']
+    """
     rank, world_size = _check_rank(rank, world_size)
     if not records:
         return []
-    patients, shards, slices = _record_layout(records)
-    mine = assign_ranks(patients, world_size, seed=seed, shards=shards, weights=slices) == rank
+    patients, shards, _ = _record_layout(records)
+    mine = assign_ranks(patients, world_size, seed=seed, shards=shards, weights=_series_costs(records, cost)) == rank
     return sorted({r.shard for r, m in zip(records, mine.tolist()) if m})
 
 
@@ -212,6 +324,10 @@ class DistributedPatientSampler(_EpochSampler):
         indices: the samples to visit (None: all).
         shuffle: a new order every epoch (False: ascending sample index).
         even: ``"pad"``, ``"truncate"`` or ``"none"``.
+
+    Example:
+        >>> sampler = DistributedPatientSampler.from_dataset(dataset, rank=0, world_size=2, seed=7)  # doctest: +SKIP
+        >>> loader = make_loader(dataset, batch_size=8, sampler=sampler); sampler.set_epoch(1)      # doctest: +SKIP
     """
 
     def __init__(self, patients, *, rank: int | None = None, world_size: int | None = None, seed: int = 0,
@@ -238,11 +354,21 @@ class DistributedPatientSampler(_EpochSampler):
         self._planned: tuple | None = None
 
     @classmethod
-    def from_dataset(cls, dataset, indices=None, **kwargs) -> DistributedPatientSampler:
-        """The sampler for a :class:`SliceDataset`/:class:`SlabDataset`: by patient, preferring the
-        shards ``medload cache warm --rank R --world W --seed S`` copied (same ``seed``)."""
+    def from_dataset(cls, dataset, indices=None, *, cost="bytes", **kwargs) -> DistributedPatientSampler:
+        """The sampler for a :class:`SliceDataset`/:class:`SlabDataset`: by patient, ranks balanced by
+        ``cost``, preferring the shards ``medload cache warm --rank R --world W --seed S`` copied (same
+        ``seed``; the command balances stored bytes, the default here).
+
+        ``cost``: ``"bytes"`` (stored bytes: what a rank reads), ``"slices"``, or a mapping of series key
+        to measured read seconds (e.g. from a timed pass over the store). A series' cost is spread over
+        its samples in proportion to the slices each one is first to cover.
+        """
         patients, shards, slices = sample_layout(dataset)
-        return cls(patients, shards=shards, weights=slices, indices=indices, **kwargs)
+        series, start = dataset.index.series, dataset.index.z.astype(np.int64)
+        per_series = _series_costs(dataset.records, cost)[series]
+        depth = np.array([r.shape[0] for r in dataset.records], np.int64)[series]
+        weights = per_series * (start + slices) // depth - per_series * start // depth  # sums to each series' cost
+        return cls(patients, shards=shards, weights=weights, indices=indices, **kwargs)
 
     @property
     def padding(self) -> np.ndarray:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from medload import windows as win
+from medload.data.buckets import ShapeBucketBatchSampler, shape_buckets
 from medload.errors import ConfigError
 
 __all__ = ["make_loader", "DeviceLoader"]
@@ -37,28 +38,21 @@ class _Batch(list):
 
 
 class _SlotBatchSampler(torch.utils.data.Sampler):
-    """Groups a sampler's indices into batches and gives each batch the next slot, round robin."""
+    """Groups a sampler's indices into batches of one matrix size (:mod:`medload.data.buckets`) and gives
+    each batch the next slot, round robin."""
 
-    def __init__(self, sampler, batch_size: int, drop_last: bool, slots: int) -> None:
-        self.sampler, self.batch_size, self.drop_last, self.slots = sampler, batch_size, drop_last, slots
+    def __init__(self, sampler, batch_size: int, drop_last: bool, slots: int, buckets) -> None:
+        self.batches, self.slots = ShapeBucketBatchSampler(sampler, buckets, batch_size, drop_last), slots
 
     def __iter__(self) -> Iterator[_Batch]:
-        chunk, n = [], 0
-        for i in self.sampler:
-            chunk.append(int(i))
-            if len(chunk) == self.batch_size:
-                yield _Batch(chunk, n % self.slots)
-                chunk, n = [], n + 1
-        if chunk and not self.drop_last:
-            yield _Batch(chunk, n % self.slots)
+        for n, batch in enumerate(self.batches):
+            yield _Batch(batch, n % self.slots)
 
     def __len__(self) -> int:
-        n = len(self.sampler)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return len(self.batches)
 
     def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
+        self.batches.set_epoch(epoch)
 
 
 def _views(slot: np.ndarray, image_shape, image_dtype: np.dtype, label_shape, label_dtype) -> tuple:
@@ -72,15 +66,28 @@ def _views(slot: np.ndarray, image_shape, image_dtype: np.dtype, label_shape, la
 
 
 class _SlotDataset(torch.utils.data.Dataset):
-    """What the DataLoader sees: the dataset, writing each batch into its slot of ``buffers``."""
+    """What the DataLoader sees: the dataset, writing each batch into its slot of ``buffers``.
 
-    def __init__(self, dataset, buffers: torch.Tensor) -> None:
-        self.dataset, self.buffers = dataset, buffers
+    ``control[0]`` (shared with the workers) is set while :func:`medload.data.profile.profile` runs:
+    batches are then timed stage by stage where they are read (see :func:`~medload.data.profile.timed_batch`).
+    """
+
+    def __init__(self, dataset, buffers: torch.Tensor, control: torch.Tensor) -> None:
+        self.dataset, self.buffers, self.control = dataset, buffers, control
+        self.probed = False  # this process's read path carries the profiler's probes
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitems__(self, batch: _Batch) -> dict:
+        if self.control[0] or self.probed:
+            from medload.data.profile import timed_batch
+
+            return timed_batch(self, batch)
+        return self.fill(batch)
+
+    def fill(self, batch: _Batch) -> dict:
+        """Read ``batch`` into its slot; returns the small meta dict that crosses to the trainer."""
         image_shape, label_shape = self.dataset.batch_shapes(batch)
         image, label = _views(self.buffers[batch.slot].numpy(), image_shape, self.dataset.dtype, label_shape,
                               self.dataset.label_dtype)
@@ -157,17 +164,41 @@ def _pass_through(batch: dict) -> dict:
     return batch
 
 
+def _no_mark(stage: str | None, meta: dict | None = None) -> None:
+    """The profiler's stage clock when no profile runs: nothing."""
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def slot_count(num_workers: int, prefetch_factor: int) -> int:
+    """Slots of the shared batch buffer: every batch the DataLoader may have in flight, plus two."""
+    return num_workers * prefetch_factor + 2 if num_workers else 1
+
+
 class DeviceLoader:
     """Iterates batches as ``{"image": float (B, C, ...) on device, windowed to 0..1 (or HU without a
     window), "label": (B, 1, ...) as stored (uint8), "index": int64 (B,)}``; ``index`` is each
-    sample's position in the dataset (``dataset.item_affine(i)`` maps it back to the patient)."""
+    sample's position in the dataset (``dataset.item_affine(i)`` maps it back to the patient).
+
+    ``tuning`` holds what ``num_workers="auto"`` chose and why (None otherwise); ``profiler`` is set
+    while :func:`medload.data.profile.profile` times this loader's stages.
+
+    Example:
+        >>> loader = make_loader(SliceDataset(store), batch_size=8, num_workers="auto")  # doctest: +SKIP
+        >>> loader.tuning.reason
+        '1 worker, prefetch 2, no pinning (device cpu): ...'
+    """
 
     def __init__(self, loader: torch.utils.data.DataLoader, buffers: torch.Tensor, device: torch.device,
-                 window: win.Window | None, dtype: torch.dtype, augment=None) -> None:
+                 window: win.Window | None, dtype: torch.dtype, augment=None, *, pin_memory: bool | None = None,
+                 tuning=None) -> None:
         self.loader, self.buffers, self.device, self.window, self.dtype, self.augment = (
             loader, buffers, device, window, dtype, augment)
         self.dataset = loader.dataset.dataset
-        self._staging = _PinnedStaging() if device.type == "cuda" else None
+        self.tuning, self.profiler = tuning, None
+        pin = device.type == "cuda" if pin_memory is None else pin_memory and device.type == "cuda"
+        self._staging = _PinnedStaging() if pin else None
         self._recycler = _Recycler() if device.type == "cpu" else None
 
     def __len__(self) -> int:
@@ -181,20 +212,34 @@ class DeviceLoader:
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         ds = self.dataset
-        for meta in self.loader:
+        mark = _no_mark if self.profiler is None else self.profiler.mark  # stage clock (medload.data.profile)
+        mark(None)
+        batches = iter(self.loader)  # starts the workers (first epoch, or every epoch if not persistent)
+        mark("start")
+        for meta in batches:
+            mark("wait", meta)
             image, label = _views(self.buffers[meta["slot"]].numpy(), meta["image_shape"], ds.dtype,
                                   meta["label_shape"], ds.label_dtype)
             image = torch.from_numpy(image)
             if self._staging is not None:  # GPU: through pinned memory, asynchronously
                 image = self._staging.to_device(image, self.device)
-            out = {"image": self._to_float(image), "index": meta["index"].to(self.device)}
             if label is not None:  # copied off the slot before the slot is reused
-                out["label"] = self._transfer(torch.from_numpy(label))
+                label = self._transfer(torch.from_numpy(label))
+            index = meta["index"].to(self.device)
+            mark("copy")
+            out = {"image": self._to_float(image), "index": index}
+            if label is not None:
+                out["label"] = label
+            mark("window")
             if self.augment is not None:
                 out["image"], augmented = self.augment(out["image"], out.get("label"))
                 if augmented is not None:
                     out["label"] = augmented
-            yield out
+                mark("augment")
+            try:
+                yield out
+            finally:  # also when the caller stops early (the generator is closed at its yield)
+                mark("step")
 
     def _transfer(self, host: torch.Tensor) -> torch.Tensor:
         """The slot's array on the device, in its stored dtype (int16/uint8), no longer using the slot."""
@@ -203,30 +248,52 @@ class DeviceLoader:
         return host.to(self.device, copy=True)
 
     def _to_float(self, x: torch.Tensor) -> torch.Tensor:
-        """A float copy of ``x`` on the device (so the slot ``x`` may view is free), windowed in place."""
-        if self._recycler is None:
-            image = x.to(self.device, dtype=self.dtype, copy=True)
-        else:
-            image = self._recycler.empty(x.shape, self.dtype).copy_(x)
+        """A float copy of ``x`` on the device (so the slot ``x`` may view is free), windowed in place.
+
+        Half precision (float16/bfloat16) is windowed in float32 and then cast, so the only error is
+        the final rounding of values in 0..1."""
+        work = torch.float32 if self.dtype in _HALF else self.dtype
+        image = self._empty(x, work).copy_(x)
         if self.dataset.plane is not None:
-            return image.mul_(1.0 / 255.0)
-        if self.window is not None:
+            image.mul_(1.0 / 255.0)
+        elif self.window is not None:
             lo, hi = self.window.bounds
-            return image.sub_(lo).mul_(1.0 / (hi - lo)).clamp_(0.0, 1.0)
-        return image
+            image.sub_(lo).mul_(1.0 / (hi - lo)).clamp_(0.0, 1.0)
+        return image if work == self.dtype else self._empty(image, self.dtype).copy_(image)
+
+    def _empty(self, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised tensor shaped like ``like`` on the device (a recycled buffer on the CPU)."""
+        if self._recycler is None:
+            return torch.empty(like.shape, dtype=dtype, device=self.device)
+        return self._recycler.empty(like.shape, dtype)
 
 
-def make_loader(dataset, batch_size: int, num_workers: int = 0, device: str | torch.device = "cpu", *,
+def make_loader(dataset, batch_size: int, num_workers: int | str = 0, device: str | torch.device = "cpu", *,
                 window: str | win.Window | None = None, shuffle: bool = True, sampler=None, drop_last: bool = False,
-                seed: int = 0, augment=None, dtype: torch.dtype = torch.float32, prefetch_factor: int = 2,
-                persistent_workers: bool | None = None, multiprocessing_context=None) -> DeviceLoader:
+                seed: int = 0, augment=None, dtype: torch.dtype = torch.float32, prefetch_factor: int | None = None,
+                persistent_workers: bool | None = None, multiprocessing_context=None, pin_memory: bool | None = None,
+                memory_budget: int | str | None = None) -> DeviceLoader:
     """A loader of windowed float batches on ``device`` from a :class:`SliceDataset`/:class:`SlabDataset`.
 
     Args:
+        num_workers: reading processes, or ``"auto"``: measure a few batches on this store and machine
+            and choose workers, ``prefetch_factor`` (unless given) and pinning within ``memory_budget``
+            (see :mod:`medload.data.autotune`; the choice and its reason are in ``loader.tuning``).
+        dtype: of the image batches: float32, or float16/bfloat16, which halve the device memory of
+            every batch; the window is applied in float32 and the result cast (error at most half a
+            unit in the last place of a value in 0..1: 2**-11 for float16, 2**-8 for bfloat16).
+            Without a window, half precision rounds HU above 2048 (float16) or 256 (bfloat16).
+        prefetch_factor: batches each worker reads ahead (default 2).
+        pin_memory: copy to CUDA through pinned host buffers, asynchronously (default: on CUDA).
+        memory_budget: bytes (or ``"2GB"``) ``"auto"`` may spend on batch buffers, pinned staging and
+            the workers' L1 caches (default: a quarter of the available memory, at most 4 GB).
         window: window for HU datasets (``"soft_tissue"``, ``"350/50"``...): values map to 0..1 on the
             device. A dataset reading a stored uint8 plane (``plane=``) is scaled to 0..1 and needs none.
         sampler: any torch Sampler of dataset indices (e.g. from :mod:`medload.data.samplers`);
-            otherwise a seeded random (``shuffle``) or sequential order.
+            otherwise a seeded random (``shuffle``) or sequential order. Where the dataset mixes matrix
+            sizes, each batch holds one size: the sampler's order is kept within each size and a batch
+            goes out when its size has ``batch_size`` samples (:mod:`medload.data.buckets`); ``drop_last``
+            then drops each size's last partial batch.
         augment: a callable ``(image, label) -> (image, label)`` applied to each batch on the device,
             e.g. :class:`medload.data.augment.BatchAugment`.
 
@@ -243,15 +310,31 @@ def make_loader(dataset, batch_size: int, num_workers: int = 0, device: str | to
         generator = torch.Generator().manual_seed(seed)
         sampler = (torch.utils.data.RandomSampler(dataset, generator=generator) if shuffle
                    else torch.utils.data.SequentialSampler(dataset))
-    slots = num_workers * prefetch_factor + 2 if num_workers else 1
+    if dtype not in (torch.float32, torch.float64, *_HALF):
+        raise ConfigError(f"dtype {dtype} is not a float type: use torch.float32, torch.float16 or torch.bfloat16")
+    tuning = None
+    if num_workers == "auto":
+        from medload.data.autotune import tune_loader
+
+        tuning = tune_loader(dataset, batch_size, device, window=window, augment=augment, dtype=dtype,
+                             prefetch_factor=prefetch_factor, pin_memory=pin_memory, memory_budget=memory_budget)
+        num_workers, prefetch_factor, pin_memory = tuning.num_workers, tuning.prefetch_factor, tuning.pin_memory
+    if not isinstance(num_workers, int) or num_workers < 0:
+        raise ConfigError(f"num_workers must be an integer >= 0 or \"auto\", got {num_workers!r}")
+    prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
+    slots = slot_count(num_workers, prefetch_factor)
     buffers = torch.empty((slots, dataset.max_batch_bytes(batch_size)), dtype=torch.uint8)
+    control = torch.zeros(1, dtype=torch.uint8)  # [0]: a profile is running (medload.data.profile)
     if num_workers:
         buffers.share_memory_()
+        control.share_memory_()
     loader = torch.utils.data.DataLoader(
-        _SlotDataset(dataset, buffers), batch_sampler=_SlotBatchSampler(sampler, batch_size, drop_last, slots),
+        _SlotDataset(dataset, buffers, control),
+        batch_sampler=_SlotBatchSampler(sampler, batch_size, drop_last, slots, shape_buckets(dataset)),
         num_workers=num_workers, collate_fn=_pass_through,
         prefetch_factor=prefetch_factor if num_workers else None,
         persistent_workers=(num_workers > 0) if persistent_workers is None else persistent_workers,
         multiprocessing_context=multiprocessing_context,
     )
-    return DeviceLoader(loader, buffers, device, None if window is None else win.get(window), dtype, augment)
+    return DeviceLoader(loader, buffers, device, None if window is None else win.get(window), dtype, augment,
+                        pin_memory=pin_memory, tuning=tuning)

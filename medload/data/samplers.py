@@ -8,7 +8,8 @@ new order after ``set_epoch(epoch)`` (as with torch's ``DistributedSampler``, it
 a second.
 
 Distributed training splits samples by *patient*, preferring local shards: :mod:`medload.data.distributed`
-(DESIGN.md §6); its sampler shares the helpers here.
+(DESIGN.md §6); its sampler shares the helpers here. A sampler decides order, not batch composition: where a
+dataset mixes matrix sizes, :mod:`medload.data.buckets` groups its order into batches of one size.
 
 Example:
     >>> import numpy as np

@@ -1,0 +1,55 @@
+"""``medload profile``: where a training loop's time goes on this store and machine (:mod:`medload.data.profile`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from medload.cli.app import cli, console
+from medload.config import MedloadConfig, load_config
+
+
+def _workers(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give a number of workers (0, 2...) or 'auto'") from None
+
+
+@cli.command("profile")
+@click.argument("store", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="TOML settings; its [cache] section says how the store is read (instead of the global --config).")
+@click.option("--batch-size", type=int, default=4, show_default=True)
+@click.option("--workers", default="0", show_default=True, help="DataLoader workers, or 'auto'.")
+@click.option("--steps", type=int, default=20, show_default=True, help="Training steps to time.")
+@click.option("--window", default="soft_tissue", show_default=True, help="Window preset or WIDTH/LEVEL.")
+@click.option("--context", type=int, default=1, show_default=True, help="2.5D neighbour slices on each side.")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1...")
+@click.option("--model", type=click.Choice(["small", "full", "none"]), default="small", show_default=True,
+              help="The pipeline's UNet (small: --quick's widths) or none (the loader alone).")
+@click.option("--augment", is_flag=True, help="Add BatchAugment on the device, as training does.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON instead of the table.")
+@click.pass_obj
+def profile_cmd(config: MedloadConfig, store: Path, config_file: Path | None, batch_size: int, workers: str,
+                steps: int, window: str, context: int, device: str, model: str, augment: bool, as_json: bool) -> None:
+    """Time each stage of the training input (store reads per cache tier, decode, collate, copy, window,
+    augment, waiting) and a training step; print a table and a verdict (input- or compute-bound)."""
+    from medload.data.profile import profile_training
+    from medload.storage.store import open_store
+
+    cache = (load_config(config_file) if config_file is not None else config).cache
+    report, tuning = profile_training(open_store(store, cache=cache), batch_size=batch_size, num_workers=_workers(workers),
+                                      steps=steps, window=window, context=context, device=device, model=model,
+                                      augment=augment)
+    if as_json:
+        click.echo(json.dumps({**report.to_dict(), "tuning": None if tuning is None else tuning.to_dict()}, indent=2))
+        return
+    console.print(report.table())
+    if tuning is not None:
+        console.print(f"num_workers=auto chose {tuning.reason}", soft_wrap=True, highlight=False)
+    console.print(report.verdict(), soft_wrap=True, highlight=False)

@@ -1,0 +1,114 @@
+"""Shape buckets: batches of one matrix size from a dataset that mixes several (512x512, 768x768...).
+
+The sampler decides which samples an epoch visits and in what order; bucketing decides only how they
+are grouped into batches. :class:`ShapeBucketBatchSampler` keeps one pending batch per shape, walks the
+sampler's order, and emits a batch as soon as its bucket fills; at the end of the epoch each bucket's
+partial batch is emitted (or dropped, with ``drop_last``).
+
+What stays uniform over series: every sample the sampler yields lands in a batch (bar ``drop_last``,
+which drops fewer than ``batch_size`` samples per bucket), each bucket keeps the sampler's order, and
+a bucket's batches come out when its samples come up in that order. So a shuffled epoch visits every
+series exactly as the sampler does, a bucket holding 30% of the samples gives about 30% of the batches,
+spread over the epoch rather than bunched at its end, and no bucket is starved. A dataset of one
+shape is batched exactly like torch's ``BatchSampler``.
+
+Example:
+    >>> import numpy as np
+    >>> list(ShapeBucketBatchSampler(range(6), np.array([0, 1, 0, 0, 1, 1]), batch_size=2))
+    [[0, 2], [1, 4], [3], [5]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from medload.data.samplers import _int
+from medload.errors import ConfigError
+
+__all__ = ["ShapeBucketBatchSampler", "shape_buckets"]
+
+
+def shape_buckets(dataset) -> np.ndarray:
+    """The bucket number of each sample of a :class:`SliceDataset`/:class:`SlabDataset`: samples share
+    a bucket when their series share (rows, columns); buckets are numbered in ascending matrix size.
+
+    Example:
+        >>> shape_buckets(SliceDataset(store, context=1))[:4]     # doctest: +SKIP
+        array([0, 0, 1, 1])
+    """
+    sizes = np.array([r.shape[1:] for r in dataset.records], np.int64).reshape(-1, 2)
+    per_series = np.unique(sizes, axis=0, return_inverse=True)[1].reshape(-1)
+    return per_series[dataset.index.series]
+
+
+class ShapeBucketBatchSampler(Sampler[list[int]]):
+    """Batches of ``batch_size`` indices from ``sampler``, each from one bucket (see the module docstring).
+
+    Args:
+        sampler: any iterable of dataset indices with a length (a torch Sampler).
+        buckets: the bucket of every dataset index (e.g. :func:`shape_buckets`).
+        batch_size: samples per batch.
+        drop_last: drop each bucket's last partial batch.
+
+    With several buckets the batch count depends on which samples an epoch draws, so the sampler's order
+    is drawn once per epoch and kept until it is iterated: ``len()`` is the number of batches of the next
+    iteration, and ``set_epoch`` (forwarded to the sampler) starts a new draw.
+
+    Example:
+        >>> import numpy as np
+        >>> batches = ShapeBucketBatchSampler(range(5), np.array([0, 1, 0, 1, 0]), batch_size=2, drop_last=True)
+        >>> len(batches), list(batches)
+        (2, [[0, 2], [1, 3]])
+    """
+
+    def __init__(self, sampler: Iterable[int], buckets, batch_size: int, drop_last: bool = False) -> None:
+        buckets = np.asarray(buckets)
+        if buckets.ndim != 1 or buckets.dtype.kind not in "iu":
+            raise ConfigError(f"buckets must be a 1-D integer array, one bucket per dataset index; got shape "
+                              f"{buckets.shape}, dtype {buckets.dtype}")
+        self.sampler, self.drop_last = sampler, bool(drop_last)
+        self.batch_size = _int("batch_size", batch_size, low=1)
+        self.buckets = np.unique(buckets, return_inverse=True)[1].reshape(-1)  # dense 0..K-1
+        self.n_buckets = int(self.buckets.max()) + 1 if self.buckets.size else 0
+        self._drawn: np.ndarray | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward ``epoch`` to the sampler (when it has ``set_epoch``) and draw its order anew."""
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+        self._drawn = None
+
+    def _draw(self) -> np.ndarray:
+        """This epoch's sampler order, drawn once and kept until it is iterated."""
+        if self._drawn is None:
+            self._drawn = np.fromiter(iter(self.sampler), np.int64)
+        return self._drawn
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.n_buckets <= 1:  # one shape: stream the sampler, no need to draw the epoch first
+            yield from self._batches(iter(self.sampler), None)
+            return
+        order, self._drawn = self._draw(), None
+        yield from self._batches(iter(order.tolist()), self.buckets[order].tolist())
+
+    def _batches(self, indices: Iterator[int], buckets: list[int] | None) -> Iterator[list[int]]:
+        pending: dict[int, list[int]] = {}
+        for n, i in enumerate(indices):
+            chunk = pending.setdefault(0 if buckets is None else buckets[n], [])
+            chunk.append(int(i))
+            if len(chunk) == self.batch_size:
+                yield chunk[:]
+                chunk.clear()
+        if not self.drop_last:
+            yield from (chunk for _, chunk in sorted(pending.items()) if chunk)
+
+    def __len__(self) -> int:
+        if self.n_buckets <= 1:
+            n = len(self.sampler)
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        per_bucket = np.bincount(self.buckets[self._draw()], minlength=self.n_buckets)
+        full = per_bucket // self.batch_size
+        return int(full.sum() if self.drop_last else (full + (per_bucket % self.batch_size > 0)).sum())
