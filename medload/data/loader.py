@@ -93,7 +93,7 @@ class _SlotDataset(torch.utils.data.Dataset):
                               self.dataset.label_dtype)
         self.dataset.read_batch(batch, image, label)
         return {"slot": batch.slot, "image_shape": image_shape, "label_shape": label_shape,
-                "index": torch.tensor(list(batch), dtype=torch.int64)}
+                "index": list(batch)}  # plain ints: a tensor would cross from a worker through new shared memory
 
 
 class _PinnedStaging:
@@ -225,7 +225,7 @@ class DeviceLoader:
                 image = self._staging.to_device(image, self.device)
             if label is not None:  # copied off the slot before the slot is reused
                 label = self._transfer(torch.from_numpy(label))
-            index = meta["index"].to(self.device)
+            index = torch.tensor(meta["index"], dtype=torch.int64, device=self.device)
             mark("copy")
             out = {"image": self._to_float(image), "index": index}
             if label is not None:
