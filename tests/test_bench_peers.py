@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from medload.bench.common import peak_pss
-from medload.bench.loading import Prepared, prepare, run_contender
+from medload.bench.loading import run_contender
+from medload.bench.loading_data import Prepared, prepare
 from medload.bench.peers import CONTENDERS, MEDLOAD, PeerUnavailable, resolve
 
 BATCH = 2

@@ -156,7 +156,7 @@ def test_bad_arguments_are_refused(tmp_path):
 def test_gpu_measures_run_on_the_cpu_too(tmp_path):
     """The GPU section's code path, on the CPU (host clocks, no H2D): it trains and augments."""
     from medload.bench.gpu import measure
-    from medload.bench.loading import prepare
+    from medload.bench.loading_data import prepare
 
     prep = prepare(tmp_path, series=1, slices=5, rows=32, cols=32, samples=8)
     out = measure(prep, "cpu", batch_size=2, num_workers=0, warmup=1, steps=2)

@@ -127,11 +127,11 @@ def autotune_table(section: dict):
 def bench_section(src: Path, root: Path, *, key_file: Path, quick: bool, device: str, timeout: float) -> dict:
     """The ``autotune`` section of ``medload bench``: ingest ``src`` into a store under ``root``, then
     :func:`run_autotune` on it."""
-    from medload.bench.loading import _ingest
+    from medload.bench.loading_data import ingest_into
 
     root.mkdir(parents=True, exist_ok=True)
     store = root / "autotune-store"
-    _ingest([src], store, key_file)
+    ingest_into([src], store, key_file)
     return run_autotune(store, batches=20 if quick else 60, device=device, timeout=timeout)
 
 

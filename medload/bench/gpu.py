@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from medload.bench.loading import Prepared
+from medload.bench.loading_data import Prepared
 from medload.bench.peers import L1_BUDGET, WINDOW
 
 __all__ = ["measure", "main"]

@@ -1,4 +1,5 @@
-"""Loading benchmark harness: data, one fresh process per contender, timing, peak memory, cache counters.
+"""Loading benchmark harness: one fresh process per contender, timing, peak memory, cache counters (the
+data and sample list are :mod:`medload.bench.loading_data`'s).
 
 Every contender of :mod:`medload.bench.peers` turns the same random list of samples -- ``(series, first
 slice z0)``, ``depth`` slices each -- into batches of windowed float32 on the target device: 2.5D
@@ -21,293 +22,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from medload.bench.common import peak_pss, spread, tree_bytes
+from medload.bench.loading_data import KINDS, Prepared, prepare, warm_page_cache
 from medload.bench.peers import CEILINGS, CONTENDERS, MEDLOAD, PeerUnavailable, resolve
 
-__all__ = ["Prepared", "PreparedSeries", "Settings", "make_synthetic", "prepare", "prepare_from", "series_folders",
-           "choose_series", "run_contender", "run_loading", "peak_pss", "KINDS", "BATCH_SIZE", "REFERENCE", "main"]
+__all__ = ["Settings", "Servers", "run_contender", "run_loading", "BATCH_SIZE", "REFERENCE", "main"]
 
 BATCH_SIZE = 8
-KINDS = {"2.5d": 3, "3d": 32}
-"""Sample kinds and their depth: 2.5D stacks of 3 slices as channels, 3D slabs of 32 slices."""
 REFERENCE = "npy_memmap"
-
-
-# ---- data ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PreparedSeries:
-    """One series in every form the contenders read: its store key, a DICOM folder holding only it
-    (None where MONAI cannot read it), its .npy volume (None if not prepared), its number of slices."""
-
-    key: str
-    dicom_dir: str | None
-    npy: str | None
-    depth: int
-
-
-@dataclass
-class Prepared:
-    """The data of one loading benchmark, and the sample list: sample ``i`` is slices
-    ``z0[i] .. z0[i] + depth - 1`` of ``series[series_index[i]]``, laid out as channels (``kind="2.5d"``)
-    or as a ``(1, depth, rows, columns)`` slab (``"3d"``). ``monai_note`` says why MONAI's readers
-    cannot apply, if they cannot; ``note`` which series were used, if not all. ``truth`` (ground-truth HU by series position) is not saved."""
-
-    root: str
-    store: str
-    store_u8: str | None
-    rows: int
-    cols: int
-    series: tuple[PreparedSeries, ...]
-    series_index: np.ndarray
-    z0: np.ndarray
-    depth: int = 3
-    kind: str = "2.5d"
-    monai_note: str | None = None
-    note: str | None = None
-    truth: list[np.ndarray] | None = field(default=None, repr=False)
-
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        if self.kind == "3d":
-            return (1, self.depth, self.rows, self.cols)
-        return (self.depth, self.rows, self.cols)
-
-    def cache_dir(self, name: str) -> Path:
-        """A directory for a contender's own cache files, under the benchmark's temporary root."""
-        return Path(self.root) / "cache" / name
-
-    def save(self, path: Path) -> None:
-        doc = {k: getattr(self, k) for k in ("root", "store", "store_u8", "rows", "cols", "depth", "kind",
-                                            "monai_note", "note")}
-        doc.update(series=[asdict(s) for s in self.series], series_index=self.series_index.tolist(),
-                   z0=self.z0.tolist())
-        path.write_text(json.dumps(doc))
-
-    @classmethod
-    def load(cls, path: Path) -> Prepared:
-        doc = json.loads(path.read_text())
-        return cls(**{**doc, "series": tuple(PreparedSeries(**s) for s in doc["series"]),
-                      "series_index": np.asarray(doc["series_index"], np.int64), "z0": np.asarray(doc["z0"], np.int64)})
-
-
-def make_synthetic(out: Path, *, series: int, slices: int, rows: int = 512, cols: int = 512, seed: int = 0,
-                   first: int = 0) -> list:
-    """Write synthetic CT series ``first .. first+series-1`` as ``out/seriesNN`` (one folder each, realistic
-    HU from :mod:`medload.synthetic`); returns their :class:`~medload.synthetic.GeneratedSeries`.
-
-    InstanceNumbers follow the slice order (``shuffle=False``): MONAI's PydicomReader stacks a folder by
-    InstanceNumber, not by position, and must read the same volumes as everyone else."""
-    from medload.synthetic import SeriesSpec, make_series
-
-    spec = SeriesSpec(n_slices=slices, rows=rows, cols=cols, pixel_spacing=(0.7, 0.7), slice_spacing=1.0)
-    return [make_series(Path(out) / f"series{i:02d}", spec, seed=seed + i, series_number=i + 1, shuffle=False)
-            for i in range(first, first + series)]
-
-
-def prepare(root: str | os.PathLike, *, series: int, slices: int, samples: int, rows: int = 512, cols: int = 512,
-            seed: int = 0, kind: str = "2.5d", depth: int | None = None) -> Prepared:
-    """Synthetic data for one benchmark: ``series`` CT series written as DICOM folders under ``root/dicom``,
-    then :func:`prepare_from` (stores, .npy volumes, ``samples`` samples), with the ground truth."""
-    root = Path(root)
-    generated = make_synthetic(root / "dicom", series=series, slices=slices, rows=rows, cols=cols, seed=seed)
-    return prepare_from(root, [root / "dicom"], samples=samples, kind=kind, depth=depth, seed=seed,
-                        generated=generated)
-
-
-def _ingest(sources: Sequence[Path], store: Path, key_file: Path, windows: tuple[str, ...] = ()) -> None:
-    from medload.config import IngestConfig
-    from medload.ingest import ingest
-
-    ingest([str(s) for s in sources], store, config=IngestConfig(workers=1, windows=windows), key_file=key_file)
-
-
-def _match_generated(records: list, generated: list) -> dict[str, int]:
-    """Store key -> position in ``generated``, by slice positions (LPS mm)."""
-    out = {}
-    for rec in records:
-        pos = np.asarray(rec.positions, dtype=np.float64)
-        hits = [i for i, g in enumerate(generated)
-                if g.ipp.shape == pos.shape and np.allclose(np.asarray(g.ipp, np.float64), pos, atol=1e-3)]
-        if len(hits) != 1:
-            raise RuntimeError(f"stored series {rec.key[:12]} matches {len(hits)} generated series, expected 1")
-        out[rec.key] = hits[0]
-    return out
-
-
-def _dicom_headers(sources: Sequence[Path]) -> dict[tuple, list[tuple[Path, np.ndarray, float]]]:
-    """Single-frame images under ``sources`` grouped by (SeriesInstanceUID, Rows, Columns, orientation):
-    (path, ImagePositionPatient, InstanceNumber) each."""
-    import pydicom
-
-    tags = ["SeriesInstanceUID", "Rows", "Columns", "ImageOrientationPatient", "ImagePositionPatient",
-            "InstanceNumber", "NumberOfFrames"]
-    groups: dict[tuple, list] = {}
-    for src in sources:
-        for path in sorted(p for p in Path(src).rglob("*") if p.is_file()):
-            try:
-                ds = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=tags)
-                if int(ds.get("NumberOfFrames", 1) or 1) != 1:
-                    continue
-                key = (str(ds.SeriesInstanceUID), int(ds.Rows), int(ds.Columns),
-                       tuple(round(float(v), 4) for v in ds.ImageOrientationPatient))
-                ipp = np.asarray([float(v) for v in ds.ImagePositionPatient])
-                number = float(ds.InstanceNumber) if ds.get("InstanceNumber") is not None else float("nan")
-            except Exception:  # noqa: BLE001 - not a single-frame image with geometry: MONAI is not asked to read it
-                continue
-            groups.setdefault(key, []).append((path, ipp, number))
-    return groups
-
-
-def series_folders(records: list, sources: Sequence[Path], out: Path) -> tuple[dict[str, str], str | None]:
-    """For each stored series, a folder ``out/<key>`` of links to exactly its DICOM files (in
-    InstanceNumber order), found by matching slice positions; and, if MONAI's PydicomReader (which stacks
-    a folder by InstanceNumber) would not read the stored volume of every series, why not."""
-    groups = _dicom_headers(sources)
-    folders, problems = {}, Counter()
-    for rec in records:
-        pos = np.asarray(rec.positions, dtype=np.float64)
-        match = None
-        for (_, rows, cols, _), members in groups.items():
-            if (rows, cols) != tuple(rec.shape[1:]) or len(members) != len(pos):
-                continue
-            have = np.stack([m[1] for m in members])
-            if np.abs(np.sort(have, axis=0) - np.sort(pos, axis=0)).max() < 1e-3:
-                match = members
-                break
-        if match is None:
-            problems["its files are not one single-frame file per slice of one series"] += 1
-            continue
-        if any(np.isnan(m[2]) for m in match):
-            problems["its files lack InstanceNumber"] += 1
-            by_number = match
-        else:
-            by_number = sorted(match, key=lambda m: m[2])
-            if np.abs(np.stack([m[1] for m in by_number]) - pos).max() >= 1e-3:
-                problems["its InstanceNumbers do not follow the slice order"] += 1
-        folder = out / rec.key[:16]
-        folder.mkdir(parents=True, exist_ok=True)
-        for i, (path, _, _) in enumerate(by_number):
-            link = folder / f"{i:05d}.dcm"
-            if not link.exists():
-                link.symlink_to(Path(path).resolve())
-        folders[rec.key] = str(folder)
-    note = None
-    if problems:
-        why = "; ".join(f"{n} series: {reason}" for reason, n in problems.items())
-        note = (f"MONAI's PydicomReader (it stacks a folder by InstanceNumber) would not read the stored volume of "
-                f"{sum(problems.values())} of {len(records)} series ({why})")
-    return folders, note
-
-
-def choose_series(records: list, depth: int, max_series: int | None) -> tuple[list, str | None]:
-    """The series a benchmark can batch: int16 HU, at least ``depth`` slices, the most common matrix."""
-    eligible = [r for r in records if r.dtype == "int16" and r.shape[0] >= depth]
-    if not eligible:
-        return [], (f"no stored series has int16 HU and at least {depth} slices "
-                    f"({len(records)} series: {sorted({(r.dtype, r.shape[0]) for r in records})[:5]})")
-    sizes = Counter(tuple(r.shape[1:]) for r in eligible)
-    (size, _), = sizes.most_common(1)
-    chosen = [r for r in eligible if tuple(r.shape[1:]) == size]
-    note = None
-    if len(chosen) < len(records):
-        note = (f"{len(chosen)} of {len(records)} stored series used: int16 HU, >= {depth} slices, "
-                f"{size[0]}x{size[1]} (batches need one matrix size)")
-    if max_series is not None and len(chosen) > max_series:
-        note = f"{max_series} of {len(records)} stored series used (the first by key)" + (
-            f"; eligible: int16 HU, >= {depth} slices, {size[0]}x{size[1]}" if note else "")
-        chosen = chosen[:max_series]
-    return chosen, note
-
-
-def prepare_from(root: str | os.PathLike, sources: Sequence[str | os.PathLike], *, samples: int, kind: str = "2.5d",
-                 depth: int | None = None, seed: int = 0, generated: list | None = None,
-                 stores: tuple[Path, Path | None] | None = None, max_series: int | None = None, u8: bool = True,
-                 npy: bool = True, monai: bool = True, key_file: Path | None = None) -> Prepared:
-    """The data of one benchmark from DICOM ``sources``: a medload store (HU) and, with ``u8``, one with
-    soft-tissue uint8 planes (or the given ``stores``), .npy volumes (``npy``), per-series DICOM folders
-    for MONAI (``monai``), and ``samples`` samples of ``depth`` slices drawn with ``seed``.
-
-    ``generated``: the synthetic series the sources hold (their order and ground truth). Otherwise the
-    series are a user's: those with int16 HU, enough slices and the most common matrix are used (at most
-    ``max_series``). ``key_file``: the pseudonymisation key of the ingests (default: a new one under
-    ``root``). Raises :class:`PeerUnavailable` when no stored series can give a sample."""
-    from medload.storage.store import open_store
-
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
-    depth = depth or KINDS[kind]
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    sources = [Path(s) for s in sources]
-    key_file = key_file or root / "bench.key"
-    if stores is None:
-        stores = (root / "store", root / "store_u8" if u8 else None)
-        _ingest(sources, stores[0], key_file)
-        if stores[1] is not None:
-            _ingest(sources, stores[1], key_file, windows=("soft_tissue",))
-    store = open_store(stores[0], cache=0)
-    records = store.series()
-    truth = None
-    note = None
-    if generated is not None:
-        position = _match_generated(records, generated)
-        records = sorted(records, key=lambda r: position[r.key])
-        chosen = [r for r in records if r.shape[0] >= depth]
-        if len(chosen) < len(records):
-            raise PeerUnavailable(f"synthetic series have fewer than {depth} slices")
-        truth = [generated[position[r.key]].hu for r in chosen]
-        dicom_dirs = {r.key: str(generated[position[r.key]].paths[0].parent) for r in chosen}
-        monai_note = None
-    else:
-        chosen, note = choose_series(records, depth, max_series)
-        if not chosen:
-            raise PeerUnavailable(note)
-        dicom_dirs, monai_note = series_folders(chosen, sources, root / "series") if monai else ({}, None)
-    if not monai:
-        monai_note = "not prepared for this benchmark"
-    out = []
-    for i, rec in enumerate(chosen):
-        path = None
-        if npy or truth is not None:
-            volume = store.read(rec.key)
-            if truth is not None and not np.array_equal(volume, truth[i]):
-                raise RuntimeError(f"stored series {rec.key[:12]} differs from the generated HU")
-            if npy:
-                path = root / "npy" / f"{rec.key}.npy"
-                path.parent.mkdir(exist_ok=True)
-                if not path.exists():
-                    np.save(path, volume)
-                path = str(path)
-        out.append(PreparedSeries(rec.key, dicom_dirs.get(rec.key), path, rec.shape[0]))
-    rng = np.random.default_rng(seed)
-    index = rng.integers(len(out), size=samples)
-    z0 = np.array([rng.integers(out[s].depth - depth + 1) for s in index], np.int64)
-    prep = Prepared(str(root), str(stores[0]), None if stores[1] is None else str(stores[1]), chosen[0].shape[1],
-                    chosen[0].shape[2], tuple(out), index, z0, depth, kind, monai_note, note, truth)
-    return prep
-
-
-def _warm_page_cache(prep: Prepared) -> None:
-    """Read every file a contender may read, so each run starts with the data in the page cache."""
-    paths = [Path(prep.store)] + ([Path(prep.store_u8)] if prep.store_u8 else [])
-    paths += [Path(s.npy) for s in prep.series if s.npy] + [Path(s.dicom_dir) for s in prep.series if s.dicom_dir]
-    for top in paths:
-        for path in sorted(top.rglob("*")) if top.is_dir() else [top]:
-            if path.is_file():
-                with open(path, "rb") as f:
-                    while f.read(1 << 22):
-                        pass
 
 
 # ---- one run, inside its own process -------------------------------------------------------------
@@ -450,7 +179,7 @@ def _run_in_child(prep: Prepared, prep_path: Path, name: str, workers: int, sett
             "repeats": settings.repeats, "max_pass_s": settings.max_pass_s}
     server = servers.get(server_group(name))
     spec["pss_root"] = server.pid
-    _warm_page_cache(prep)
+    warm_page_cache(prep)
     with peak_pss(server.pid) as peak:  # the server and its child: shared import pages count once
         code, timed_out = server.run("medload.bench.loading:_child", json.dumps(spec), log, settings.timeout)
     result = json.loads(out.read_text()) if out.exists() else {}

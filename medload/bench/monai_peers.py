@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from medload.bench.peers import WINDOW, device_batches
 
 if TYPE_CHECKING:
-    from medload.bench.loading import Prepared
+    from medload.bench.loading_data import Prepared
 
 __all__ = ["TakeSlicesd", "monai_load_dicom", "monai_cache_dataset", "monai_persistent_dataset",
            "monai_lmdb_dataset"]

@@ -73,7 +73,7 @@ from torch.utils.data import DataLoader, Dataset
 from medload.windows import get as get_window
 
 if TYPE_CHECKING:
-    from medload.bench.loading import Prepared
+    from medload.bench.loading_data import Prepared
 
 __all__ = ["CONTENDERS", "CEILINGS", "MEDLOAD", "MONAI", "WINDOW", "L1_BUDGET", "PeerUnavailable", "Contender",
            "resolve", "window_into", "device_batches", "npy_memmap", "ceiling_float32", "ceiling_int16",

@@ -322,7 +322,8 @@ def run_bench(*, quick: bool = False, json_out: Path | None = None, data: Path |
 
 def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[str, ...], data: Path | None,
                   device: str, progress: bool) -> None:
-    from medload.bench.loading import Servers, _ingest, choose_series, make_synthetic, prepare_from, series_folders
+    from medload.bench.loading import Servers
+    from medload.bench.loading_data import choose_series, ingest_into, make_synthetic, prepare_from, series_folders
 
     samples = _samples(cfg)
     key = Path(os.environ["MEDLOAD_KEY_FILE"])
@@ -375,9 +376,9 @@ def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[s
         if need_25d or "scaling" in sections:
             _say(progress, f"ingesting {data} for the loading benchmarks")
             with clock("stores of the user's data"):
-                _ingest([data], stores[0], key)
+                ingest_into([data], stores[0], key)
                 if "loading" in sections:
-                    _ingest([data], stores[1], key, windows=("soft_tissue",))
+                    ingest_into([data], stores[1], key, windows=("soft_tissue",))
 
         def _stores():
             return stores[0], stores[1] if stores[1].exists() else None
