@@ -62,9 +62,7 @@ class SeriesRecord:
 
     def to_json(self) -> bytes:
         """The stored form (without ``shard``)."""
-        doc = self.to_dict()
-        del doc["shard"]
-        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        return _stored_json(self)
 
     @classmethod
     def from_json(cls, data: bytes) -> SeriesRecord:
@@ -103,9 +101,7 @@ class LabelRecord:
 
     def to_json(self) -> bytes:
         """The stored form (without ``shard``)."""
-        doc = asdict(self)
-        del doc["shard"]
-        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        return _stored_json(self)
 
     @classmethod
     def from_json(cls, data: bytes) -> LabelRecord:
@@ -154,6 +150,13 @@ class RejectRecord:
         """A stable key: the same input with the same verdict is recorded once, however often it is seen."""
         ident = json.dumps([self.status, self.stage, self.source, self.sha256, self.series, self.reason])
         return hashlib.blake2b(ident.encode(), digest_size=16, person=b"medload-reject").digest()
+
+
+def _stored_json(record: SeriesRecord | LabelRecord) -> bytes:
+    """Compact, key-sorted JSON of a record's fields but ``shard`` (where the reader found it)."""
+    doc = asdict(record)
+    del doc["shard"]
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _tuples(value):
