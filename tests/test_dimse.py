@@ -17,7 +17,8 @@ from test_dicomweb import CT_SERIES, DICOM, MEDLOAD, UIDS, _pseudo, _records, _s
 from medload.config import IngestConfig
 from medload.errors import ConfigError, RemoteSourceError
 from medload.ingest.run import ingest
-from medload.pacs.dimse import RETRIEVED_SOP_CLASSES, _identifier, storage_contexts
+from medload.pacs.dicomweb import RETRIEVED_SOP_CLASSES
+from medload.pacs.dimse import _identifier, storage_contexts
 from medload.pacs.endpoint import is_remote_url, parse_dimse_endpoint
 from medload.pacs.ingest import RetrieveOptions, ingest_dimse
 from medload.storage.store import open_store

@@ -1,7 +1,8 @@
 """A small DICOMweb client: QIDO-RS searches and WADO-RS retrieval of single instances, over httpx.
 
 - Series search: ``GET {root}/series?{query}`` with study- and series-level matching keys
-  (PS3.18 §10.6, Search Transaction); instances of a series: ``GET .../series/{uid}/instances``.
+  (PS3.18 §10.6, Search Transaction); instances of a series: ``GET .../series/{uid}/instances``, of
+  which only those of SOP classes medload ingests are retrieved (:func:`retrievable`, shared with DIMSE).
   Responses are the DICOM JSON model (PS3.18 Annex F). Results are read in pages (``limit``/``offset``).
 - Instance retrieval: ``GET .../instances/{uid}`` accepting ``multipart/related;
   type="application/dicom"; transfer-syntax=*`` (PS3.18 §10.4, Retrieve Transaction): the instance as
@@ -21,7 +22,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -30,13 +31,17 @@ from urllib.parse import parse_qsl
 
 import httpx
 from pydicom.datadict import tag_for_keyword
+from pydicom.uid import UID
 
 from medload import __version__
 from medload.errors import ConfigError, InputProblem, RemoteSourceError
+from medload.ingest.headers import VOLUME_SOP_CLASSES
+from medload.ingest.labels import LABEL_SOP_CLASSES
 from medload.pacs.endpoint import Credentials, Endpoint
 from medload.pacs.multipart import boundary_of, write_single_part
 
-__all__ = ["DicomWebClient", "RetryPolicy", "SeriesRef", "InstanceRef", "parse_query"]
+__all__ = ["DicomWebClient", "RetryPolicy", "SeriesRef", "InstanceRef", "RETRIEVED_SOP_CLASSES", "retrievable",
+           "parse_query"]
 
 log = logging.getLogger(__name__)
 for _name in ("httpx", "httpcore"):  # their INFO/DEBUG lines print request URLs, which hold raw UIDs
@@ -53,7 +58,9 @@ _CHUNK = 1 << 16
 _T = TypeVar("_T")
 # DICOM JSON model keys (PS3.18 F.2): the tags the searches read.
 STUDY_UID, SERIES_UID, INSTANCE_UID = "0020000D", "0020000E", "00080018"
-MODALITY, SERIES_NUMBER, INSTANCE_NUMBER = "00080060", "00200011", "00200013"
+MODALITY, SERIES_NUMBER, INSTANCE_NUMBER, SOP_CLASS = "00080060", "00200011", "00200013", "00080016"
+#: SOP classes medload retrieves: the volume images it stacks, and the labels it places on them.
+RETRIEVED_SOP_CLASSES = (*VOLUME_SOP_CLASSES, *LABEL_SOP_CLASSES)
 
 
 @dataclass(frozen=True)
@@ -88,10 +95,36 @@ class SeriesRef:
 
 @dataclass(frozen=True)
 class InstanceRef:
-    """An instance of a series: SOPInstanceUID (0008,0018) and InstanceNumber (0020,0013)."""
+    """An instance of a series: SOPInstanceUID (0008,0018), InstanceNumber (0020,0013) and SOPClassUID
+    (0008,0016; "" where the server did not say)."""
 
     uid: str
     number: int | None
+    sop_class: str = ""
+
+
+def retrievable(series: SeriesRef, instances: Iterable[InstanceRef]) -> list[InstanceRef]:
+    """The instances worth retrieving, in InstanceNumber order: those of a SOP class medload ingests, or
+    of an unknown one. A series with none (secondary captures, reports, dose SRs) is an InputProblem
+    (skipped): nothing of it is downloaded, on the first run or any rerun.
+
+    Example:
+        >>> retrievable(ref, [InstanceRef("1.2.3", 1, "1.2.840.10008.5.1.4.1.1.2")])   # doctest: +SKIP
+        [InstanceRef(uid='1.2.3', number=1, sop_class='1.2.840.10008.5.1.4.1.1.2')]
+    """
+    found, other = [], {}
+    for inst in instances:
+        if inst.sop_class and inst.sop_class not in RETRIEVED_SOP_CLASSES:
+            other[inst.uid] = inst.sop_class
+        else:
+            found.append(inst)
+    if other:
+        names = ", ".join(sorted({f"{UID(c).name} ({c})" for c in other.values()}))
+        reason = f"{len(other)} instance(s) of {names}: not a CT/MR/PET volume, SEG or RTSTRUCT, not retrieved"
+        if not found:
+            raise InputProblem("retrieve", reason, skipped=True)
+        log.info("series number %s: %s", series.number, reason)
+    return sorted(found, key=lambda i: (i.number is None, i.number or 0, i.uid))
 
 
 def parse_query(text: str) -> dict[str, str]:
@@ -173,16 +206,16 @@ class DicomWebClient:
         found = {}
         try:
             for item in self._search(f"/studies/{series.study}/series/{series.series}/instances", {},
-                                     (INSTANCE_UID, INSTANCE_NUMBER), "instance search"):
+                                     (INSTANCE_UID, INSTANCE_NUMBER, SOP_CLASS), "instance search"):
                 uid = _uid(item, INSTANCE_UID)
                 if uid is None:
                     raise InputProblem("retrieve", "the instance search returned an entry without a valid SOPInstanceUID")
-                found[uid] = InstanceRef(uid, _int(item, INSTANCE_NUMBER))
+                found[uid] = InstanceRef(uid, _int(item, INSTANCE_NUMBER), _uid(item, SOP_CLASS) or "")
         except _StatusError as exc:
             if exc.status in (401, 403):
                 raise
             raise InputProblem("retrieve", f"instance search failed with HTTP {exc.status}") from None
-        return sorted(found.values(), key=lambda i: (i.number is None, i.number or 0, i.uid))
+        return retrievable(series, found.values())
 
     def _search(self, path: str, query: dict[str, str], fields: tuple[str, ...], what: str) -> Iterator[dict]:
         """Every result of a QIDO-RS search, read in pages of ``_PAGE``; stops when a page adds nothing new

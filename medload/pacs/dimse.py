@@ -62,21 +62,18 @@ from pynetdicom.status import QR_GET_SERVICE_CLASS_STATUS, code_to_category
 
 from medload import __version__
 from medload.errors import ConfigError, InputProblem, RemoteSourceError, StoreError
-from medload.ingest.headers import VOLUME_SOP_CLASSES
-from medload.ingest.labels import LABEL_SOP_CLASSES
-from medload.pacs.dicomweb import _UID, InstanceRef, SeriesRef  # one UID rule for both protocols
+from medload.pacs.dicomweb import (  # one UID rule and one choice of instances for both protocols
+    _UID, RETRIEVED_SOP_CLASSES, InstanceRef, SeriesRef, retrievable)
 from medload.pacs.endpoint import DimseEndpoint, check_ae_title
 
 if TYPE_CHECKING:
     from medload.pacs.ingest import Spool
 
-__all__ = ["DimseClient", "RETRIEVED_SOP_CLASSES", "storage_contexts"]
+__all__ = ["DimseClient", "storage_contexts"]
 
 log = logging.getLogger(__name__)
 logging.getLogger("pynetdicom").setLevel(logging.CRITICAL)
 
-#: SOP classes medload retrieves: the volume images it stacks, and the labels it places on them.
-RETRIEVED_SOP_CLASSES = (*VOLUME_SOP_CLASSES, *LABEL_SOP_CLASSES)
 _UNCOMPRESSED = (ExplicitVRLittleEndian, ImplicitVRLittleEndian, DeflatedExplicitVRLittleEndian, ExplicitVRBigEndian)
 #: Compressed syntaxes in order of preference: lossless first, then the common lossy ones.
 _COMPRESSED = (JPEGLosslessSV1, JPEGLossless, JPEG2000Lossless, JPEGLSLossless, RLELossless, HTJ2KLossless,
@@ -180,22 +177,13 @@ class DimseClient:
         when the series holds none (e.g. only secondary captures or reports)."""
         keys = {"StudyInstanceUID": series.study, "SeriesInstanceUID": series.series, "SOPInstanceUID": "",
                 "SOPClassUID": "", "InstanceNumber": ""}
-        found, other = {}, {}
+        found = {}
         for item in self._find(_identifier("IMAGE", keys), "instance search", one_series=True):
-            uid, sop_class = _uid(item, "SOPInstanceUID"), str(item.get("SOPClassUID", "") or "")
+            uid = _uid(item, "SOPInstanceUID")
             if uid is None:
                 raise InputProblem("retrieve", "the instance search returned an entry without a valid SOPInstanceUID")
-            if sop_class and sop_class not in RETRIEVED_SOP_CLASSES:
-                other[uid] = sop_class
-            else:
-                found[uid] = InstanceRef(uid, _int(item, "InstanceNumber"))
-        if other:
-            names = ", ".join(sorted({f"{UID(c).name} ({c})" for c in other.values()}))
-            reason = f"{len(other)} instance(s) of {names}: not a CT/MR/PET volume, SEG or RTSTRUCT, not retrieved"
-            if not found:
-                raise InputProblem("retrieve", reason, skipped=True)
-            log.info("series number %s: %s", series.number, reason)
-        return sorted(found.values(), key=lambda i: (i.number is None, i.number or 0, i.uid))
+            found[uid] = InstanceRef(uid, _int(item, "InstanceNumber"), str(item.get("SOPClassUID", "") or ""))
+        return retrievable(series, found.values())
 
     def _find(self, identifier: Dataset, what: str, *, one_series: bool = False) -> Iterator[Dataset]:
         """The matches of a C-FIND. A failure status is that series' problem (InputProblem) for a search
