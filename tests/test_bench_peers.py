@@ -59,7 +59,7 @@ def test_contender_yields_the_windowed_samples(prep: Prepared, prep3d: Prepared,
         loader = CONTENDERS[name](p, BATCH, 0, "cpu")
         batches = [b.clone() for b in loader]  # ceilings reuse one buffer
     except PeerUnavailable as exc:
-        pytest.skip(str(exc))
+        pytest.skip(reason=f"the peer cannot read this data: {exc}")
     assert [tuple(b.shape) for b in batches] == [(2, *p.sample_shape)] * (n // 2) + [(1, *p.sample_shape)] * (n % 2)
     got = torch.cat(batches).numpy()
     hu = expected_hu(p)

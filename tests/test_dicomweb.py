@@ -306,7 +306,7 @@ def test_transient_errors_are_retried_and_searches_read_in_pages(orthanc, from_f
 @needs_orthanc
 def test_tls_is_verified_and_a_ca_bundle_trusts_the_server(orthanc, cred_env, tmp_path):
     if not Path("/usr/bin/openssl").exists():
-        pytest.skip("openssl is needed to make a test certificate")
+        pytest.skip(reason="openssl is needed to make a test certificate")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
