@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from monai.metrics import DiceMetric
+from monai.metrics import compute_dice
 from torch.nn.parallel import DistributedDataParallel
 
 from medload import open_store, windows
@@ -164,7 +164,6 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
     model = net if world == 1 else DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
     step = TrainStep(model, lr=args.lr)
     augment = BatchAugment(AugmentConfig(), device=device, seed=args.seed + rank, spatial_dims=dims)
-    dice = DiceMetric(include_background=True, reduction="mean")
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
     history, best, seen = [], -1.0, set()
@@ -194,16 +193,18 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
             seen.update(batch["index"].tolist())
             image, target = prepare(batch, True)
             loss_sum, steps = loss_sum + step(image, target).item(), steps + 1
-        net.eval()  # the bare module: ranks validate different numbers of batches, so no DDP collectives here
-        evaluated = 0
+        # Validation runs no collective until the one all_sum below: ranks validate different numbers of
+        # batches (a rank may have none), so the bare module, and MONAI's functional Dice -- DiceMetric's
+        # buffer all-gathers across ranks when read, which deadlocked a rank that had nothing to read.
+        net.eval()
+        evaluated, parts = 0, []
         with torch.no_grad():
             for batch in val_batches:
                 image, target = prepare(batch, False)
-                dice(y_pred=(torch.sigmoid(net(image)) > 0.5).float(), y=target)
+                parts.append(compute_dice((torch.sigmoid(net(image)) > 0.5).float(), target).reshape(-1))
                 evaluated += len(image)
-        per_sample = dice.get_buffer().reshape(-1) if evaluated else torch.zeros(0)
-        dice.reset()
-        valid = ~torch.isnan(per_sample)  # DiceMetric's mean skips samples with an empty target
+        per_sample = torch.cat(parts) if parts else torch.zeros(0)
+        valid = ~torch.isnan(per_sample)  # as DiceMetric's mean, skip samples with an empty target
         loss_sum, steps, dice_sum, dice_n, evaluated = all_sum(
             [loss_sum, steps, float(per_sample[valid].sum()), int(valid.sum()), evaluated], device)
         val_dice = dice_sum / dice_n if dice_n else 0.0

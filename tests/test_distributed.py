@@ -38,36 +38,43 @@ def store(tmp_path_factory):
     return root / "store"
 
 
-def test_torchrun_two_ranks_train_disjoint_patients_and_validate_once(store, tmp_path):
+@pytest.mark.parametrize("world", [2, 3])
+def test_torchrun_ranks_train_disjoint_patients_and_validate_once(store, tmp_path, world):
+    """2 ranks, as the issue asks; 3 ranks for the 2 validation patients of 6, so that one rank always has
+    no validation sample (it must still meet the others in every collective)."""
     common = ["--store", store, "--quick", "--demo-target", "bone", "--epochs", "1"]
-    _run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", PIPELINE, *common,
+    _run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world), PIPELINE, *common,
          "--max-steps", "2", "--out", tmp_path / "ddp")
     summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
     ranks = summary["ranks"]
-    assert summary["world_size"] == 2 and [r["rank"] for r in ranks] == [0, 1]
+    assert summary["world_size"] == world and [r["rank"] for r in ranks] == list(range(world))
     train = [set(r["train_patients"]) for r in ranks]
     val = [set(r["val_patients"]) for r in ranks]
     everyone = {rec.patient for rec in open_store(store).series()}
-    assert len(everyone) == 6 and all(train) and not train[0] & train[1] and not val[0] & val[1]
-    assert train[0] | train[1] == everyone - val[0] - val[1]  # disjoint, and together every training patient
+    assert len(everyone) == 6 and all(train)
+    assert all(not a & b for i, a in enumerate(train) for b in train[i + 1:])
+    assert all(not a & b for i, a in enumerate(val) for b in val[i + 1:])
+    assert set().union(*train) == everyone - set().union(*val)  # disjoint, and together every training patient
+    if world == 3:
+        assert min(r["val_samples"] for r in ranks) == 0, "a rank without validation samples"
     for r in ranks:  # what each rank trained on: only its own patients, equal steps (padded with its own)
         assert r["seen_patients"] and set(r["seen_patients"]) <= set(r["train_patients"])
         assert not set(r["train_patients"]) & set(r["val_patients"])
-    assert ranks[0]["train_samples"] + ranks[0]["padded"] == ranks[1]["train_samples"] + ranks[1]["padded"]
+    assert len({r["train_samples"] + r["padded"] for r in ranks}) == 1
     assert sum(r["train_samples"] for r in ranks) == summary["train_samples"]
     epoch = summary["history"][0]
     assert epoch["val_samples_evaluated"] == summary["val_samples"] == sum(r["val_samples"] for r in ranks)
 
-    # each rank reads exactly the shards `cache warm --rank R --world 2` copies
+    # each rank reads exactly the shards `cache warm --rank R --world W` copies
     records = open_store(store).series()
     for r in ranks:
         mine = set(r["train_patients"]) | set(r["val_patients"])
-        assert {rec.shard for rec in records if rec.patient in mine} == set(shards_for_rank(records, r["rank"], 2))
+        assert {rec.shard for rec in records if rec.patient in mine} == set(shards_for_rank(records, r["rank"], world))
 
     # the same weights, validated by one process: the same Dice over the same samples
     _run(PIPELINE, *common, "--max-steps", "0", "--init", tmp_path / "ddp" / "best_model.pt", "--out", tmp_path / "one")
     single = json.loads((tmp_path / "one" / "summary.json").read_text())
-    assert single["world_size"] == 1 and set(single["ranks"][0]["val_patients"]) == val[0] | val[1]
+    assert single["world_size"] == 1 and set(single["ranks"][0]["val_patients"]) == set().union(*val)
     assert single["history"][0]["val_samples_evaluated"] == summary["val_samples"]
     assert single["history"][0]["val_dice"] == pytest.approx(epoch["val_dice"], rel=1e-6, abs=1e-9)
 
