@@ -38,10 +38,11 @@ def store(tmp_path_factory):
     return root / "store"
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_torchrun_ranks_train_disjoint_patients_and_validate_once(store, tmp_path, world):
-    """2 ranks, as the issue asks; 3 ranks for the 2 validation patients of 6, so that one rank always has
-    no validation sample (it must still meet the others in every collective)."""
+def test_torchrun_ranks_train_disjoint_patients_and_validate_once(store, tmp_path):
+    """Ranks train on disjoint patients, validate each sample once and agree with one process. Whether a
+    rank gets a validation patient follows the shards' (random) names; one with none must still meet the
+    others in every collective (the pipeline's validation runs none but the final all_sum)."""
+    world = 2
     common = ["--store", store, "--quick", "--demo-target", "bone", "--epochs", "1"]
     _run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world), PIPELINE, *common,
          "--max-steps", "2", "--out", tmp_path / "ddp")
@@ -55,8 +56,6 @@ def test_torchrun_ranks_train_disjoint_patients_and_validate_once(store, tmp_pat
     assert all(not a & b for i, a in enumerate(train) for b in train[i + 1:])
     assert all(not a & b for i, a in enumerate(val) for b in val[i + 1:])
     assert set().union(*train) == everyone - set().union(*val)  # disjoint, and together every training patient
-    if world == 3:
-        assert min(r["val_samples"] for r in ranks) == 0, "a rank without validation samples"
     for r in ranks:  # what each rank trained on: only its own patients, equal steps (padded with its own)
         assert r["seen_patients"] and set(r["seen_patients"]) <= set(r["train_patients"])
         assert not set(r["train_patients"]) & set(r["val_patients"])
