@@ -165,6 +165,39 @@ def test_loader_yields_windowed_float_batches(built, workers, method):
     assert np.allclose(image, np.clip((hu + 160) / 400, 0, 1), atol=1e-6)
 
 
+def _epochs(loader, epochs: int = 2) -> list[dict]:
+    out = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        out += [{k: v.clone() for k, v in b.items()} for b in loader]
+    return out
+
+
+@pytest.mark.parametrize("cache", ["0", "64MB"])
+@pytest.mark.parametrize("kind", ["slices", "slabs", "plane"])
+def test_zero_workers_cast_as_they_read_and_equal_the_slot_path_bit_for_bit(built, kind, cache):
+    """With num_workers=0 on the CPU each slice is cast straight into the float batch (from the L1's own
+    arrays when it holds them, the second epoch here); with a worker it goes through the int16 slot."""
+    path, by_key = built
+    keys = _keys_of(by_key, 9) + _keys_of(by_key, 6)
+    store = open_store(path, cache)
+    ds = {"slices": lambda: SliceDataset(store, context=2, keys=keys),     # edges replicated
+          "slabs": lambda: SlabDataset(store, depth=4, stride=3, keys=keys),
+          "plane": lambda: SliceDataset(store, context=1, plane="lung", keys=keys)}[kind]()
+    window = None if kind == "plane" else "soft_tissue"
+    direct = make_loader(ds, batch_size=3, num_workers=0, window=window, seed=3)
+    assert direct.loader.dataset.cast_to is not None  # the path under test
+    slotted = make_loader(ds, batch_size=3, num_workers=1, window=window, seed=3,
+                          multiprocessing_context=mp.get_context("fork"))
+    a, b = _epochs(direct), _epochs(slotted)
+    assert len(a) == len(b) == 2 * len(direct)
+    for x, y in zip(a, b):
+        assert torch.equal(x["index"], y["index"]) and torch.equal(x["image"], y["image"])
+    reference = np.stack([ds[i]["image"].numpy() for i in a[0]["index"].tolist()]).astype(np.float32)
+    expected = reference / 255 if kind == "plane" else np.clip((reference + 160) / 400, 0, 1)
+    assert np.allclose(a[0]["image"].numpy(), expected, atol=1e-6)
+
+
 def test_loader_scales_stored_planes_and_refuses_a_second_window(built):
     path, by_key = built
     ds = SliceDataset(open_store(path), context=0, plane="lung", keys=_keys_of(by_key, 6))

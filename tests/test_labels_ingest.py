@@ -14,7 +14,7 @@ import torch
 
 from conftest import DATA
 from medload.config import IngestConfig
-from medload.data import ForegroundSampler, SliceDataset, make_loader
+from medload.data import ForegroundSampler, SlabDataset, SliceDataset, make_loader
 from medload.ingest import ingest
 from medload.storage.nifti import export_nifti
 from medload.storage.store import open_store
@@ -156,6 +156,24 @@ def test_datasets_read_labels_and_the_foreground_sampler_uses_them(labelled, tmp
     for batch in loader:
         assert (batch["label"].flatten(1).amax(dim=1) > 0).all()  # p=1: every sample has foreground
         assert batch["label"].dtype == torch.uint8
+
+
+def test_labels_ride_with_their_images_whether_batches_are_cast_as_read_or_slotted(labelled, tmp_path):
+    import multiprocessing as mp
+
+    src, gen = labelled
+    ingest(src, tmp_path / "s", config=CFG)
+    store = open_store(tmp_path / "s")
+    for ds in (SliceDataset(store, context=1, labels=True), SlabDataset(store, depth=3, stride=2, labels=True)):
+        runs = [list(make_loader(ds, batch_size=2, num_workers=w, window="soft_tissue", seed=1,
+                                 multiprocessing_context=mp.get_context("fork") if w else None))
+                for w in (0, 1)]  # 0: cast as read on the CPU, labels through the slot; 1: all through it
+        assert len(runs[0]) == len(runs[1]) > 1
+        for a, b in zip(*runs):
+            assert torch.equal(a["index"], b["index"]) and torch.equal(a["image"], b["image"])
+            assert torch.equal(a["label"], b["label"])
+            for i, label in zip(a["index"].tolist(), a["label"]):
+                assert torch.equal(label, ds[i]["label"].as_tensor())
 
 
 def test_cli_ingest_labels_and_roi_map(labelled, tmp_path):

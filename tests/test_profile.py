@@ -63,12 +63,12 @@ def test_stage_times_add_up_to_the_wall_time(sample_store, workers):
 
 
 def test_profiling_ends_cleanly(sample_store):
-    original = Store._read
+    original = Store._planes
     loader = make_loader(SliceDataset(open_store(sample_store), context=0), 4, 0)
     with profile(loader):
         next(iter(loader))
-        assert Store._read is not original  # the read path is being timed
-    assert Store._read is original and loader.profiler is None and not loader.loader.dataset.control[0]
+        assert Store._planes is not original  # the read path is being timed
+    assert Store._planes is original and loader.profiler is None and not loader.loader.dataset.control[0]
     assert len(list(loader)) == len(loader)  # and the loader goes on, untimed
 
 

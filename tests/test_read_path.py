@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from medload.cache.lru import SliceLRU, shared_lru
 from medload.config import CacheConfig
+from medload.errors import ConfigError
 from medload.storage.store import open_store
 from medload.synthetic import SeriesSpec, make_series
 
@@ -99,6 +100,28 @@ def test_reads_through_l1_equal_store_reads_and_are_counted(store_path):
     assert after["l1"]["hits"] > before["hits"] and after["l1"]["bytes"] <= 10 << 20
     assert after["l3"]["hits"] == 12 + 7  # every slice came from the store exactly once
     assert after["l2"] is None  # no hot directory configured
+
+
+def test_planes_hand_out_the_cached_arrays_without_copying_them(store_path):
+    path, gens = store_path
+    plain = open_store(path, CacheConfig(l1_bytes=0))
+    cached = open_store(path, CacheConfig(l1_bytes=10 << 20))
+    shared_lru(10 << 20).clear()
+    for key, hu in _truth(plain, gens).items():
+        fresh = plain.planes(key, 2, 6)  # no L1: decoded into new arrays, the caller's to keep
+        assert len(fresh) == 4 and all(p.flags.writeable for p in fresh)
+        assert np.array_equal(np.stack(fresh), hu[2:6])
+        cached.read(key, 3, 5)  # slices 3 and 4 now in L1; 2 and 5 not
+        first = cached.planes(key, 2, 6)
+        assert np.array_equal(np.stack(first), hu[2:6])
+        assert [p.flags.writeable for p in first] == [True, False, False, True]  # decoded, hit, hit, decoded
+        again = cached.planes(key, 2, 6)
+        assert all(a is b for a, b in zip(first[1:3], again[1:3]))  # the cached arrays themselves: no copy
+        assert not any(p.flags.writeable for p in again)  # all four cached by now, read-only
+        with pytest.raises(ValueError, match="read-only"):
+            again[0][0, 0] = 1
+        with pytest.raises(ConfigError, match="outside series"):
+            cached.planes(key, 0, len(hu) + 1)
 
 
 def test_l1_budget_smaller_than_a_slab_still_reads_correctly(store_path):

@@ -1,10 +1,12 @@
 """medload's datasets with cache counters that reach the trainer from every DataLoader worker.
 
 A worker's L1 is its own (a forked worker starts with an empty cache), so :meth:`medload.Store.stats`
-in the trainer sees none of the workers' reads. After each batch, :class:`CountedSlices` and
-:class:`CountedSlabs` copy this process's counters into its row of a shared int64 table
-(``dataset.counters``, shape ``(num_workers + 1, len(COUNTERS))``; row 0: the trainer, row 1 + i:
-worker i), which the benchmark sums when the run ends.
+in the trainer sees none of the workers' reads. After each batch a worker reads, :class:`CountedSlices`
+and :class:`CountedSlabs` copy the worker's counters into its row of a shared int64 table
+(``dataset.counters``, shape ``(num_workers + 1, len(COUNTERS))``; row 1 + i: worker i), which the
+benchmark sums when the run ends. Row 0, the trainer's (``num_workers=0``), is filled then with
+:func:`counted_now`, as the trainer is the benchmark's own process: copying after every read would
+cost the trainer about 17 us a call, and with ``num_workers=0`` the loader reads a few samples a call.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class _CountedReads:
     def read_batch(self, indices, image, label) -> None:
         super().read_batch(indices, image, label)
         info = torch.utils.data.get_worker_info()
-        self.counters[0 if info is None else 1 + info.id] = counted_now(self.store)
+        if info is not None:
+            self.counters[1 + info.id] = counted_now(self.store)
 
 
 class CountedSlices(_CountedReads, SliceDataset):

@@ -206,10 +206,11 @@ def ceiling_int16(prep: Prepared, batch_size: int, num_workers: int, device: str
 # ---- medload ------------------------------------------------------------------------------------
 class _Images:
     """Re-iterable: ``batch["image"]`` of each batch of a medload loader, plus the cache counters
-    (``baseline``: this process's counters when the loader was made, subtracted from row 0)."""
+    (``trainer``: the store the loader reads in this process when it has no workers; ``baseline``:
+    this process's counters when the loader was made, subtracted from its row)."""
 
-    def __init__(self, loader: Iterable[Any], counters: torch.Tensor, baseline: torch.Tensor) -> None:
-        self.loader, self.counters, self.baseline = loader, counters, baseline
+    def __init__(self, loader: Iterable[Any], counters: torch.Tensor, baseline: torch.Tensor, trainer=None) -> None:
+        self.loader, self.counters, self.baseline, self.trainer = loader, counters, baseline, trainer
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         for batch in self.loader:
@@ -218,11 +219,11 @@ class _Images:
     def cache_stats(self) -> dict:
         """Every process's counters summed; ``l1_hit_rate`` = hits / (hits + misses) (None: no lookups);
         ``l1_bytes`` is the largest L1 of one process."""
-        from medload.bench.counted import COUNTERS
+        from medload.bench.counted import COUNTERS, counted_now
 
         counters = self.counters.clone()
-        if counters[0].any():  # the trainer read (num_workers=0): count only this loader's reads
-            counters[0] -= self.baseline
+        if self.trainer is not None:  # the trainer read (num_workers=0): count only this loader's reads
+            counters[0] = counted_now(self.trainer) - self.baseline
         rows = counters.tolist()
         total = {name: sum(r[i] for r in rows) for i, name in enumerate(COUNTERS)}
         total["l1_bytes"] = max(r[COUNTERS.index("l1_bytes")] for r in rows)
@@ -258,7 +259,7 @@ def _medload(prep: Prepared, batch_size: int, num_workers: int, device: str, pla
     order = [position[(prep.series[s].key, int(z))] for s, z in zip(prep.series_index, first)]
     loader = make_loader(ds, batch_size=batch_size, num_workers=num_workers, device=device, shuffle=False,
                          sampler=order, window=WINDOW.name if plane is None else None)
-    return _Images(loader, ds.counters, baseline)
+    return _Images(loader, ds.counters, baseline, trainer=None if num_workers else store)
 
 
 def medload_loader(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:

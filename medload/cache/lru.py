@@ -2,8 +2,9 @@
 
 Keys name immutable content -- (shard digest, sub-database, slice key) -- so a slice read through a
 hot copy and through the store itself is the same entry. Cached arrays are read-only; callers get
-copies. After a ``fork`` the child starts with an empty cache of the same budget (DataLoader workers
-must not grow by touching the parent's pages).
+copies (``Store.read``) or the read-only arrays themselves (``Store.planes``). After a ``fork`` the
+child starts with an empty cache of the same budget (DataLoader workers must not grow by touching
+the parent's pages).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ and windowing to float happens on the training device (see :mod:`medload.data.lo
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -112,6 +113,32 @@ class _StoreDataset(torch.utils.data.Dataset):
             most = max(most, nbytes)
         return most * batch_size
 
+    def read_batch(self, indices: Sequence[int], image: np.ndarray, label: np.ndarray | None) -> None:
+        """Fill ``image`` (B, *item shape) and ``label`` (B, 1, ...) with the samples ``indices``.
+
+        ``image`` holds the stored dtype (:attr:`dtype`), or a float dtype: each slice is then cast
+        straight into it -- from the L1 cache's own array where it holds the slice
+        (:meth:`Store.planes`), saving the copy of every slice into an int16 batch first."""
+        if image.dtype == self.dtype:
+            for b, i in enumerate(indices):
+                self._read_item(i, image[b])
+        else:
+            planes = torch.from_numpy(image).view(len(indices), -1, *image.shape[-2:])
+            with warnings.catch_warnings():  # the L1's arrays are read-only; they are only read here
+                warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+                for b, i in enumerate(indices):
+                    for c, plane in enumerate(self._item_planes(i)):
+                        planes[b, c].copy_(torch.from_numpy(plane))
+        if label is not None:
+            self.read_labels(indices, label)
+
+    def read_labels(self, indices: Sequence[int], label: np.ndarray) -> None:
+        """Fill ``label`` (B, 1, ...) with the label maps of the samples ``indices``."""
+        depth = int(np.prod(label.shape[1:-2]))  # slices per label: 1 (2.5D) or the slab's depth
+        for b, i in enumerate(indices):
+            rec, z = self._sample(i)
+            self._read_label(rec, z, z + depth, label[b].reshape(depth, *label.shape[-2:]))
+
     def __getitems__(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
         """A whole batch as one image array (and one label array); torch's DataLoader calls this."""
         image_shape, label_shape = self.batch_shapes(indices)
@@ -182,18 +209,27 @@ class SliceDataset(_StoreDataset):
     def _label_shape(self, h: int, w: int) -> tuple[int, ...]:
         return (1, h, w)
 
-    def read_batch(self, indices: Sequence[int], image: np.ndarray, label: np.ndarray | None) -> None:
-        """Fill ``image`` (B, 2k+1, H, W) and ``label`` (B, 1, H, W) with the samples ``indices``."""
+    def _edges(self, rec: SeriesRecord, z: int) -> tuple[int, int, int]:
+        """The slices ``a..e-1`` a stack around z reads, and ``lo``: the channel slice a goes to (the
+        channels before it, and after slice e-1, replicate the edge slices)."""
         k = self.context
-        for b, i in enumerate(indices):
-            rec, z = self._sample(i)
-            a, e = max(z - k, 0), min(z + k + 1, rec.shape[0])
-            lo = a - (z - k)
-            self.store.read(rec.key, a, e, window=self.plane, out=image[b, lo : lo + e - a])
-            image[b, :lo] = image[b, lo]                        # replicate the first slice
-            image[b, lo + e - a :] = image[b, lo + e - a - 1]   # replicate the last slice
-            if label is not None:
-                self._read_label(rec, z, z + 1, label[b])
+        a, e = max(z - k, 0), min(z + k + 1, rec.shape[0])
+        return a, e, a - (z - k)
+
+    def _read_item(self, i: int, image: np.ndarray) -> None:
+        rec, z = self._sample(i)
+        a, e, lo = self._edges(rec, z)
+        self.store.read(rec.key, a, e, window=self.plane, out=image[lo : lo + e - a])
+        image[:lo] = image[lo]                        # replicate the first slice
+        image[lo + e - a :] = image[lo + e - a - 1]   # replicate the last slice
+
+    def _item_planes(self, i: int) -> list[np.ndarray]:
+        """Sample ``i``'s channels as a list of (H, W) arrays (:meth:`Store.planes`: L1 arrays themselves,
+        read-only; the edge slices repeated)."""
+        rec, z = self._sample(i)
+        a, e, lo = self._edges(rec, z)
+        planes = self.store.planes(rec.key, a, e, window=self.plane)
+        return [planes[0]] * lo + planes + [planes[-1]] * (self.channels - lo - (e - a))
 
 
 class SlabDataset(_StoreDataset):
@@ -235,10 +271,12 @@ class SlabDataset(_StoreDataset):
 
     _label_shape = _item_shape
 
-    def read_batch(self, indices: Sequence[int], image: np.ndarray, label: np.ndarray | None) -> None:
-        """Fill ``image`` and ``label`` (B, 1, D, H, W) with the samples ``indices``."""
-        for b, i in enumerate(indices):
-            rec, z = self._sample(i)
-            self.store.read(rec.key, z, z + self.depth, window=self.plane, out=image[b, 0])
-            if label is not None:
-                self._read_label(rec, z, z + self.depth, label[b, 0])
+    def _read_item(self, i: int, image: np.ndarray) -> None:
+        rec, z = self._sample(i)
+        self.store.read(rec.key, z, z + self.depth, window=self.plane, out=image[0])
+
+    def _item_planes(self, i: int) -> list[np.ndarray]:
+        """Sample ``i``'s slices as a list of (H, W) arrays (:meth:`Store.planes`: L1 arrays themselves,
+        read-only)."""
+        rec, z = self._sample(i)
+        return self.store.planes(rec.key, z, z + self.depth, window=self.plane)

@@ -14,10 +14,12 @@
   (slices served by the in-process LRU, and filling it), ``read_l2`` / ``read_l3`` (LMDB range scans
   on the hot copy or the store, checksums included), ``decode`` (codec decompression) and ``collate``
   (the rest of building the batch in its slot: shapes, edge replication). The loader has no CPU
-  transforms: windowing happens on the device. With ``num_workers=0`` these stages run inside
-  ``wait``; with workers they run alongside the trainer and are reported as busy time per worker.
+  transforms: windowing happens on the device -- except with ``num_workers=0`` on the CPU, where each
+  slice is cast and windowed as it is read (into the float batch, not a slot), and ``collate``
+  includes that work. With ``num_workers=0`` these stages run inside ``wait``; with workers they run
+  alongside the trainer and are reported as busy time per worker.
 
-The read path is timed by wrapping three methods of the store (``Store._read``, ``Store._scan`` and
+The read path is timed by wrapping three methods of the store (``Store._planes``, ``Store._scan`` and
 ``SliceCodec.decompress_into``) in the processes that read, only while a profile runs: a loader that is
 never profiled pays one flag check per batch.
 
@@ -49,7 +51,7 @@ STAGE_LABELS = {
     "start": "start workers", "wait": "wait for data", "copy": "host→device copy", "window": "cast + window",
     "augment": "augment", "step": "training step", "outside": "outside the loader",
     "read_l1": "L1 cache (hits, fills)", "read_l2": "read L2 (hot copy)", "read_l3": "read L3 (store)",
-    "decode": "decode (codec)", "collate": "collate (into slot)",
+    "decode": "decode (codec)", "collate": "collate (into slot; cast + window at 0 workers on CPU)",
 }
 """What the table and the verdict call each stage."""
 
@@ -62,7 +64,7 @@ class _Probe:
         self.reset()
 
     def reset(self) -> None:
-        self.read = 0.0                      # in Store._read: every tier, L1 included
+        self.read = 0.0                      # in Store._planes: every tier, L1 included
         self.scan = {"l2": 0.0, "l3": 0.0}   # in range scans, less their decoding
         self.decode = 0.0
         self.requested = 0
@@ -74,7 +76,7 @@ class _Probe:
         from medload.storage.codec import SliceCodec
         from medload.storage.store import Store
 
-        self.saved = read, scan, decompress = Store._read, Store._scan, SliceCodec.decompress_into
+        self.saved = read, scan, decompress = Store._planes, Store._scan, SliceCodec.decompress_into
         probe = self
 
         @functools.wraps(read)
@@ -105,7 +107,7 @@ class _Probe:
             finally:
                 probe.decode += perf_counter() - t0
 
-        Store._read, Store._scan, SliceCodec.decompress_into = timed_read, timed_scan, timed_decompress
+        Store._planes, Store._scan, SliceCodec.decompress_into = timed_read, timed_scan, timed_decompress
 
     def uninstall(self) -> None:
         if self.saved is None:
@@ -113,7 +115,7 @@ class _Probe:
         from medload.storage.codec import SliceCodec
         from medload.storage.store import Store
 
-        Store._read, Store._scan, SliceCodec.decompress_into = self.saved
+        Store._planes, Store._scan, SliceCodec.decompress_into = self.saved
         self.saved = None
 
 

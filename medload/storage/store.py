@@ -244,21 +244,41 @@ class Store:
             raise ConfigError(f"series {rec.key[:12]} has no labels: ingest them with `medload ingest ... --labels`")
         return self._read(rec, sh.LABELS, np.dtype(label.dtype), z0, z1, verify, out, shard=label.shard)
 
+    def planes(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, window: str | None = None,
+               verify: bool | None = None) -> list[np.ndarray]:
+        """Slices ``z0 <= z < z1`` as a list of ``(rows, columns)`` arrays, without copying what the L1
+        cache holds: its arrays are returned themselves (read-only), slices it lacks are decoded (and
+        cached). For a caller that converts each slice anyway -- the loader casts them straight into a
+        float batch -- this saves a copy of every slice. Arguments as :meth:`read`.
+
+        Example:
+            >>> [p.shape for p in store.planes(key, 0, 2)]   # doctest: +SKIP
+            [(512, 512), (512, 512)]
+        """
+        rec = self.record(key)
+        return self._planes(rec, *self._plane(rec, window), z0, z1, verify)
+
     def _read(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None,
               verify: bool | None, out: np.ndarray | None = None, shard: str | None = None) -> np.ndarray:
-        depth = rec.shape[0]
-        z1 = depth if z1 is None else z1
-        if not 0 <= z0 < z1 <= depth:
-            raise ConfigError(f"slices [{z0}, {z1}) are outside series {rec.key[:12]} of {depth} slices")
-        verify = self.cache.verify if verify is None else verify
+        z1 = _span(rec, z0, z1)
         shape = (z1 - z0, rec.shape[1], rec.shape[2])
         if out is None:
             out = np.empty(shape, dtype=dtype)
         elif out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
             raise ConfigError(f"out has shape {out.shape} {out.dtype}; reading needs a C-contiguous {shape} {dtype} array")
+        self._planes(rec, db, dtype, z0, z1, verify, out, shard)
+        return out
+
+    def _planes(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None, verify: bool | None,
+                out: np.ndarray | None = None, shard: str | None = None) -> list[np.ndarray]:
+        """The read path of :meth:`read` (into ``out``) and :meth:`planes` (``out`` None: cached arrays as
+        they are, the rest decoded into new arrays): L1 first, then one range scan per run of misses."""
+        z1 = _span(rec, z0, z1)
+        verify = self.cache.verify if verify is None else verify
         entry = self._entries[shard or rec.shard]
         key = rec.key_bytes
         lru = shared_lru(self.cache.l1_bytes) if self.cache.l1_bytes else None
+        planes: list = [None] * (z1 - z0)
         missing = list(range(z0, z1))
         if lru is not None:
             missing = []
@@ -266,14 +286,18 @@ class Store:
                 hit = lru.get((entry.digest, db, slice_key(key, z)))
                 if hit is None:
                     missing.append(z)
+                elif out is None:
+                    planes[z - z0] = hit
                 else:
-                    out[z - z0] = hit
+                    out[z - z0] = planes[z - z0] = hit
         for a, b in _runs(missing):
-            self._scan(entry, db, key, a, b, out[a - z0 : b - z0], verify)
+            run = out[a - z0 : b - z0] if out is not None else np.empty((b - a, *rec.shape[1:]), dtype=dtype)
+            self._scan(entry, db, key, a, b, run, verify)
+            planes[a - z0 : b - z0] = run
             if lru is not None:
                 for z in range(a, b):
-                    lru.put((entry.digest, db, slice_key(key, z)), out[z - z0])
-        return out
+                    lru.put((entry.digest, db, slice_key(key, z)), run[z - a])
+        return planes
 
     def _scan(self, entry: ShardEntry, db: bytes, key: bytes, z0: int, z1: int, out: np.ndarray, verify: bool) -> None:
         env, tier = self._tiers.env(entry)
@@ -286,6 +310,15 @@ class Store:
             env, tier = self._tiers.env(entry)
             nbytes = _range_scan(env, db, key, z0, z1, out, verify)
         self._tiers.count(tier, z1 - z0, nbytes)
+
+
+def _span(rec: SeriesRecord, z0: int, z1: int | None) -> int:
+    """``z1`` (None: the series' end), once ``z0 <= z < z1`` is known to be inside the series."""
+    depth = rec.shape[0]
+    z1 = depth if z1 is None else z1
+    if not 0 <= z0 < z1 <= depth:
+        raise ConfigError(f"slices [{z0}, {z1}) are outside series {rec.key[:12]} of {depth} slices")
+    return z1
 
 
 def _runs(zs: list[int]) -> list[tuple[int, int]]:
