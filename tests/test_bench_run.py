@@ -52,7 +52,7 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
     tables = report.section_tables(results)
     assert [t.title.split(":")[0] for t in tables] == [
         "Ingest", "Size on disk", "2.5D loading", "3D loading", "medload against each peer", "Scaling",
-        "Memory target", "GPU"]
+        "Speed targets", "Memory target", "GPU"]
     for table in tables:
         for cells, failed in zip(table.rows, table.failed):
             if not failed:  # failed rows fold their long message over lines
@@ -62,7 +62,8 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
         for r in sec["rows"]:
             if r["status"] != "ok":
                 continue
-            cells = next(c for c in printed if c[:2] == [r["contender"] + (" (int16)" if r["dtype"] == "int16" else ""),
+            name = r["contender"] + (" (int16)" if r["dtype"] == "int16" and "int16" not in r["contender"] else "")
+            cells = next(c for c in printed if c[:2] == [name,
                                                         report._workers_label(r)] and len(c) == 9
                          and c[2].startswith(report.fmt_rate(r["samples_per_s"])))
             assert cells[2] == (f"{report.fmt_rate(r['samples_per_s'])} ({report.fmt_rate(r['samples_per_s_min'])}-"
@@ -109,6 +110,15 @@ def test_scaling_and_targets(bench):
     runs = [t["run"] for t in results["targets"]]
     assert "2.5d medload, 2 workers" in runs and "scaling, 2 series, 2 workers" in runs
     assert all(t["met"] == (t["peak_pss_mb"] <= 1000) for t in results["targets"])
+    rows = {(r["contender"], r["num_workers"]): r for r in results["loading"]["2.5d"]["rows"]}
+    speed = {(t["run"], t["measure"]): t for t in results["speed_targets"]}
+    assert len(speed) == 6
+    memmap = speed[("2.5d medload, 2 workers, on cpu", "x npy memmap loader")]
+    assert memmap["value"] == rows[("medload", 2)]["x_npy_memmap"] and memmap["met"] == (memmap["value"] >= 3.0)
+    passthrough = speed[("2.5d medload_int16, 2 workers, on cpu", "% of ceiling_int16 (2 threads): int16 passthrough")]
+    ceiling = next(r for r in results["loading"]["2.5d"]["rows"] if r["contender"] == "ceiling_int16" and r["threads"] == 2)
+    assert passthrough["value"] == pytest.approx(100 * rows[("medload_int16", 2)]["samples_per_s"] / ceiling["samples_per_s"])
+    assert speed[("2.5d medload, 0 workers, on cpu", "x npy memmap loader")]["met"] is None  # not run: no 0-worker row
 
 
 def test_plot_is_a_png_and_readme_tables_are_markdown(bench):

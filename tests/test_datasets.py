@@ -198,6 +198,27 @@ def test_zero_workers_cast_as_they_read_and_equal_the_slot_path_bit_for_bit(buil
     assert np.allclose(a[0]["image"].numpy(), expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stored_dtype_batches_pass_through_unwindowed(built, workers):
+    """dtype=torch.int16 (uint8 for a plane): what a GPU pipeline that windows in the model is sent."""
+    path, by_key = built
+    keys = _keys_of(by_key, 9)
+    for plane, dtype in ((None, torch.int16), ("lung", torch.uint8)):
+        ds = SliceDataset(open_store(path, "4MB"), context=1, plane=plane, keys=keys)
+        loader = make_loader(ds, batch_size=4, num_workers=workers, dtype=dtype, seed=2)
+        held = list(loader)  # kept: each batch must be a copy of its own, not a view of a reused slot
+        assert [b["image"].dtype for b in held] == [dtype] * 3
+        for b in held:
+            expected = np.stack([ds[i]["image"].numpy() for i in b["index"].tolist()])
+            assert np.array_equal(b["image"].numpy(), expected)
+    with pytest.raises(ConfigError, match="drop window"):
+        make_loader(ds, batch_size=2, dtype=torch.uint8, window="lung")
+    with pytest.raises(ConfigError, match="stored torch.uint8"):
+        make_loader(ds, batch_size=2, dtype=torch.int16)
+    with pytest.raises(ConfigError, match="augmentation needs float"):
+        make_loader(ds, batch_size=2, dtype=torch.uint8, augment=lambda image, label: (image, label))
+
+
 def test_loader_scales_stored_planes_and_refuses_a_second_window(built):
     path, by_key = built
     ds = SliceDataset(open_store(path), context=0, plane="lung", keys=_keys_of(by_key, 6))

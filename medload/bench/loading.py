@@ -31,7 +31,7 @@ from pathlib import Path
 
 from medload.bench.common import peak_pss, spread, tree_bytes
 from medload.bench.loading_data import KINDS, Prepared, prepare, warm_page_cache
-from medload.bench.peers import CEILINGS, CONTENDERS, MEDLOAD, PeerUnavailable, resolve
+from medload.bench.peers import CEILINGS, CONTENDERS, INT16, MEDLOAD, PeerUnavailable, resolve
 
 __all__ = ["Settings", "Servers", "run_contender", "run_loading", "BATCH_SIZE", "REFERENCE", "main"]
 
@@ -64,7 +64,7 @@ def run_contender(name: str, prep: Prepared, *, batch_size: int, num_workers: in
     pss = []
 
     dev = torch.device(device)
-    dtype = torch.int16 if name == "ceiling_int16" else torch.float32
+    dtype = torch.int16 if name in INT16 else torch.float32
     shape = (batch_size, *prep.sample_shape)
     t0 = time.perf_counter()
     loader = resolve(name)(prep, batch_size, num_workers, device)
@@ -193,7 +193,7 @@ def _run_in_child(prep: Prepared, prep_path: Path, name: str, workers: int, sett
 
 def _row(name: str, workers: int, threads: int | None, res: dict, settings: Settings, prep: Prepared) -> dict:
     row = {"contender": name, "kind": prep.kind, "num_workers": None if threads else workers, "threads": threads,
-           "status": "ok", "error": None, "dtype": "int16" if name == "ceiling_int16" else "float32",
+           "status": "ok", "error": None, "dtype": "int16" if name in INT16 else "float32",
            "peak_pss_mb": res.get("peak_pss_mb"), "setup_s": res.get("setup_s"), "cache": res.get("cache")}
     if "skipped" in res:
         row.update(status="skipped", reason=res["skipped"], peak_pss_mb=None)
@@ -211,7 +211,8 @@ def _row(name: str, workers: int, threads: int | None, res: dict, settings: Sett
 
 def _ratios(rows: list[dict]) -> None:
     """Every row's samples/s over each other contender's at the same num_workers (ceilings: 1 thread is
-    compared with 0 workers, N threads with N workers); ``x_npy_memmap`` and ``pct_of_ceiling_float32``."""
+    compared with 0 workers, N threads with N workers); ``x_npy_memmap``, and ``pct_of_ceiling``: of the
+    ceiling of the row's dtype (``ceiling_int16`` for int16 batches, else ``ceiling_float32``)."""
     def workers(r: dict) -> int:
         return r["num_workers"] if r["threads"] is None else (0 if r["threads"] == 1 else r["threads"])
 
@@ -224,9 +225,10 @@ def _ratios(rows: list[dict]) -> None:
             theirs = rate.get((peer, w))
             if peer != r["contender"] and own and theirs:
                 r["ratios"][peer] = own / theirs
-        npy, ceiling = rate.get((REFERENCE, w)), rate.get(("ceiling_float32", w))
+        npy = rate.get((REFERENCE, w))
+        ceiling = rate.get(("ceiling_int16" if r["contender"] in INT16 else "ceiling_float32", w))
         r["x_npy_memmap"] = own / npy if own and npy else None
-        r["pct_of_ceiling_float32"] = 100 * own / ceiling if own and ceiling else None
+        r["pct_of_ceiling"] = 100 * own / ceiling if own and ceiling else None
 
 
 def run_loading(prep: Prepared, work: Path, *, contenders: Sequence[str] = tuple(CONTENDERS),

@@ -44,6 +44,10 @@ folders, the medload stores ingested from them, and .npy volumes of the same HU.
   gathered from every DataLoader worker and reported with the row.
 - ``medload_uint8``: the same reading the soft-tissue uint8 planes stored at ingest
   (``plane="soft_tissue"``); values are the stored planes / 255, within 0.5/255 of the float window.
+- ``medload_int16``: the same loader with ``dtype=torch.int16``: HU batches as stored, unwindowed --
+  what the GPU path ships for windowing on the device -- compared with ``ceiling_int16``. On the CPU
+  it measures that path's host side (a pinned copy and the transfer are left out); with
+  ``--device cuda`` its batches land on the GPU.
 
 The MONAI volume caches hold what LoadImaged returns (float32, its default). Caching each sample
 instead of each volume (crop inside the cached transforms) would make the persistent caches read one
@@ -77,7 +81,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CONTENDERS", "CEILINGS", "MEDLOAD", "MONAI", "WINDOW", "L1_BUDGET", "PeerUnavailable", "Contender",
            "resolve", "window_into", "device_batches", "npy_memmap", "ceiling_float32", "ceiling_int16",
-           "medload_loader", "medload_uint8"]
+           "medload_loader", "medload_uint8", "medload_int16", "INT16"]
 
 WINDOW = get_window("soft_tissue")
 _LOW, _HIGH = (np.float32(b) for b in WINDOW.bounds)
@@ -233,7 +237,8 @@ class _Images:
         return total
 
 
-def _medload(prep: Prepared, batch_size: int, num_workers: int, device: str, plane: str | None) -> Iterable[torch.Tensor]:
+def _medload(prep: Prepared, batch_size: int, num_workers: int, device: str, plane: str | None,
+             dtype: torch.dtype = torch.float32) -> Iterable[torch.Tensor]:
     try:
         from medload.bench.counted import COUNTERS, CountedSlabs, CountedSlices, counted_now
         from medload.data import make_loader
@@ -258,7 +263,8 @@ def _medload(prep: Prepared, batch_size: int, num_workers: int, device: str, pla
     position = {(ds.index.keys[s], int(z)): i for i, (s, z) in enumerate(zip(ds.index.series, ds.index.z))}
     order = [position[(prep.series[s].key, int(z))] for s, z in zip(prep.series_index, first)]
     loader = make_loader(ds, batch_size=batch_size, num_workers=num_workers, device=device, shuffle=False,
-                         sampler=order, window=WINDOW.name if plane is None else None)
+                         sampler=order, window=WINDOW.name if plane is None and dtype.is_floating_point else None,
+                         dtype=dtype)
     return _Images(loader, ds.counters, baseline, trainer=None if num_workers else store)
 
 
@@ -268,6 +274,10 @@ def medload_loader(prep: Prepared, batch_size: int, num_workers: int, device: st
 
 def medload_uint8(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
     return _medload(prep, batch_size, num_workers, device, plane=WINDOW.name)
+
+
+def medload_int16(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
+    return _medload(prep, batch_size, num_workers, device, plane=None, dtype=torch.int16)
 
 
 # ---- the registry -------------------------------------------------------------------------------
@@ -291,6 +301,7 @@ CONTENDERS: dict[str, Contender] = {
     "npy_memmap": npy_memmap,
     "medload": medload_loader,
     "medload_uint8": medload_uint8,
+    "medload_int16": medload_int16,
     "ceiling_float32": ceiling_float32,
     "ceiling_int16": ceiling_int16,
 }
@@ -300,6 +311,8 @@ CEILINGS = ("ceiling_float32", "ceiling_int16")
 """Contenders without a DataLoader: their ``num_workers`` is a thread count."""
 MEDLOAD = ("medload", "medload_uint8")
 """medload's own contenders (the rows the ratio table compares with every peer)."""
+INT16 = ("medload_int16", "ceiling_int16")
+"""Contenders whose batches are int16 HU, unwindowed (compared with ``ceiling_int16``)."""
 MONAI = ("monai_load_dicom", "monai_cache_dataset", "monai_persistent_dataset", "monai_lmdb_dataset")
 
 

@@ -128,11 +128,11 @@ def _loading_table(sec: dict) -> TableSpec:
     t = TableSpec(f"{kind} loading: batches of {sec['batch_size']} x ({shape}) float32, soft-tissue window, on "
                   f"{sec['device']}; {sec['series']} series; median of {sec['repeats']} passes (min-max) of "
                   f"{sec['batches']} timed batches after {sec['warmup']} warm-up",
-                  ["contender", "workers", "samples/s (min-max)", "x npy_memmap", "% of ceiling_float32",
+                  ["contender", "workers", "samples/s (min-max)", "x npy_memmap", "% of ceiling (same dtype)",
                    "peak PSS MB", "L1 hit rate", "L3 slices read", "setup s"])
     capped = False
     for r in _order(sec["rows"]):
-        name = display_name(r["contender"]) + (" (int16)" if r["dtype"] == "int16" else "")
+        name = display_name(r["contender"]) + (" (int16)" if r["dtype"] == "int16" and "int16" not in r["contender"] else "")
         if r["status"] != "ok":
             t.add([name, _workers_label(r), _short(r), "", "", fmt_int(r.get("peak_pss_mb")), "", "", ""],
                   failed=True)
@@ -143,7 +143,7 @@ def _loading_table(sec: dict) -> TableSpec:
         capped |= bool(mark)
         t.add([name, _workers_label(r),
                f"{fmt_rate(r['samples_per_s'])} ({fmt_rate(r['samples_per_s_min'])}-{fmt_rate(r['samples_per_s_max'])}){mark}",
-               fmt_ratio(r["x_npy_memmap"]), fmt_int(r["pct_of_ceiling_float32"]), fmt_int(r["peak_pss_mb"]),
+               fmt_ratio(r["x_npy_memmap"]), fmt_int(r["pct_of_ceiling"]), fmt_int(r["peak_pss_mb"]),
                fmt_pct(cache.get("l1_hit_rate")) if cache else "", fmt_int(cache.get("l3_reads")) if cache else "",
                f"{r['setup_s']:.1f}"])
     if capped:
@@ -161,7 +161,7 @@ def _ratio_table(loading: dict) -> TableSpec | None:
     if not secs:
         return None
     peers = [p for p in dict.fromkeys(r["contender"] for s in secs for r in s["rows"])
-             if p not in ("medload", "medload_uint8", "ceiling_float32", "ceiling_int16")]
+             if p not in ("medload", "medload_uint8", "medload_int16", "ceiling_float32", "ceiling_int16")]
     t = TableSpec("medload against each peer: samples/s ratio, same data, same run, same num_workers "
                   "(ceilings: 1 thread for 0 workers)",
                   ["kind", "contender", "workers", *[f"x {display_name(p)}" for p in peers], "% of ceiling_float32"])
@@ -174,7 +174,7 @@ def _ratio_table(loading: dict) -> TableSpec | None:
                        *[""] * len(peers)], failed=True)
                 continue
             t.add([KIND_LABEL[s["kind"]], r["contender"], _workers_label(r),
-                   *[fmt_ratio(r["ratios"].get(p)) for p in peers], fmt_int(r["pct_of_ceiling_float32"])])
+                   *[fmt_ratio(r["ratios"].get(p)) for p in peers], fmt_int(r["pct_of_ceiling"])])
     return t
 
 
@@ -212,6 +212,17 @@ def _targets_table(targets: list[dict]) -> TableSpec:
     return t
 
 
+def _speed_table(targets: list[dict]) -> TableSpec:
+    t = TableSpec("Speed targets: 2.5D loading, read from the rows above", ["run", "measure", "value", "target", "met"])
+    for x in targets:
+        value = None if x["value"] is None else (fmt_ratio(x["value"]) if x["measure"].startswith("x ")
+                                                 else fmt_int(x["value"]))
+        target = fmt_ratio(x["target"]) if x["measure"].startswith("x ") else fmt_int(x["target"])
+        t.add([x["run"], x["measure"], value or "-", f">= {target}",
+               "-" if x["met"] is None else "yes" if x["met"] else "NO"], failed=x["met"] is False)
+    return t
+
+
 def _gpu_table(sec: dict) -> TableSpec:
     if sec.get("status") != "ok":
         return TableSpec("GPU", ["section"], [[_status(sec)]], [sec.get("status") == "failed"])
@@ -235,6 +246,8 @@ def section_tables(results: dict) -> list[TableSpec]:
         out.append(ratio)
     if "scaling" in results:
         out.append(_scaling_table(results["scaling"]))
+    if results.get("speed_targets"):
+        out.append(_speed_table(results["speed_targets"]))
     if results.get("targets"):
         out.append(_targets_table(results["targets"]))
     if "gpu" in results:

@@ -228,6 +228,30 @@ def _targets(results: dict) -> list[dict]:
     return out
 
 
+#: The loader's speed targets on 2.5D batches (8 x 3 x 512 x 512 in the full run), each read from one row
+#: of the run: (contender, num_workers, field of the row, at least, what the field measures).
+SPEED_TARGETS = (
+    ("medload", 0, "x_npy_memmap", 2.5, "x npy memmap loader"),
+    ("medload", 2, "x_npy_memmap", 3.0, "x npy memmap loader"),
+    ("medload", 0, "pct_of_ceiling", 70.0, "% of ceiling_float32 (1 thread)"),
+    ("medload", 2, "pct_of_ceiling", 70.0, "% of ceiling_float32 (2 threads)"),
+    ("medload_int16", 0, "pct_of_ceiling", 70.0, "% of ceiling_int16 (1 thread): int16 passthrough"),
+    ("medload_int16", 2, "pct_of_ceiling", 70.0, "% of ceiling_int16 (2 threads): int16 passthrough"),
+)
+
+
+def _speed_targets(results: dict) -> list[dict]:
+    """:data:`SPEED_TARGETS` against the 2.5D rows of this run (``met`` None where a row is missing)."""
+    sec = (results.get("loading") or {}).get("2.5d") or {}
+    rows = {(r["contender"], r["num_workers"]): r for r in sec.get("rows", []) if r.get("threads") is None}
+    out = []
+    for name, workers, field, least, measure in SPEED_TARGETS:
+        value = (rows.get((name, workers)) or {}).get(field)
+        out.append({"run": f"2.5d {name}, {workers} workers, on {sec.get('device', '?')}", "measure": measure,
+                    "value": value, "target": least, "met": None if value is None else value >= least})
+    return out
+
+
 def _command(quick: bool, data: Path | None, sections: Sequence[str], device: str) -> str:
     parts = ["medload bench"]
     if quick:
@@ -426,6 +450,8 @@ def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[s
                 results["scaling"] = _section(_scaling_section, points, root / "work-scaling", cfg, device, progress,
                                               notes, servers)
     results["targets"] = _targets(results)
+    if "loading" in results:
+        results["speed_targets"] = _speed_targets(results)
     if "gpu" in sections:
         if prep_25d is None and need_25d:
             import torch

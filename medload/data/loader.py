@@ -295,12 +295,17 @@ class DeviceLoader:
 
     def _to_float(self, x: torch.Tensor, owned: bool = False) -> torch.Tensor:
         """A float copy of ``x`` on the device (so the slot ``x`` may view is free), windowed in place
-        (``owned``: ``x`` is such a float batch already, cast and windowed as it was read).
+        (``owned``: ``x`` is such a float batch already, cast and windowed as it was read); for a
+        stored ``dtype`` (int16/uint8), a copy of ``x`` on the device as it is.
 
         Half precision (float16/bfloat16) is windowed in float32 and then cast, so the only error is
         the final rounding of values in 0..1."""
         if owned:
             return x
+        if not self.dtype.is_floating_point:  # passed through as stored, e.g. to be windowed in the model
+            if x.device != self.device:
+                return x.to(self.device)  # unpinned, to the GPU (a pinned batch is on the device already)
+            return self._empty(x, x.dtype).copy_(x) if self.device.type == "cpu" else x  # off the slot on the CPU
         work = torch.float32 if self.dtype in _HALF else self.dtype
         image = self._empty(x, work)
         if self.device.type == "cpu":  # the passes run piece by piece, each piece staying in the CPU's cache
@@ -334,6 +339,9 @@ def make_loader(dataset, batch_size: int, num_workers: int | str = 0, device: st
             every batch; the window is applied in float32 and the result cast (error at most half a
             unit in the last place of a value in 0..1: 2**-11 for float16, 2**-8 for bfloat16).
             Without a window, half precision rounds HU above 2048 (float16) or 256 (bfloat16).
+            Or the dataset's stored dtype (``torch.int16`` HU, ``torch.uint8`` planes): batches as
+            stored, with no cast and no window, for a model that windows them itself on the device
+            (half the bytes of float32 from host to GPU).
         prefetch_factor: batches each worker reads ahead (default 2).
         pin_memory: copy to CUDA through pinned host buffers, asynchronously (default: on CUDA).
         memory_budget: bytes (or ``"2GB"``) ``"auto"`` may spend on batch buffers, pinned staging and
@@ -361,8 +369,15 @@ def make_loader(dataset, batch_size: int, num_workers: int | str = 0, device: st
         generator = torch.Generator().manual_seed(seed)
         sampler = (torch.utils.data.RandomSampler(dataset, generator=generator) if shuffle
                    else torch.utils.data.SequentialSampler(dataset))
-    if dtype not in (torch.float32, torch.float64, *_HALF):
-        raise ConfigError(f"dtype {dtype} is not a float type: use torch.float32, torch.float16 or torch.bfloat16")
+    stored = torch.from_numpy(np.empty(0, dtype=dataset.dtype)).dtype
+    if dtype not in (torch.float32, torch.float64, *_HALF, stored):
+        raise ConfigError(f"dtype {dtype} is neither a float type (torch.float32, torch.float16, torch.bfloat16) "
+                          f"nor the dataset's stored {stored} (batches as stored)")
+    if not dtype.is_floating_point and augment is not None:
+        raise ConfigError(f"dtype={dtype} passes batches through as stored; augmentation needs float batches")
+    if not dtype.is_floating_point and window is not None:
+        raise ConfigError(f"dtype={dtype} passes batches through as stored, unwindowed: drop window={window!r}, "
+                          "or ask for a float dtype")
     tuning = None
     if num_workers == "auto":
         from medload.data.autotune import tune_loader
