@@ -28,11 +28,22 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["IngestConfig", "CacheConfig", "MedloadConfig", "load_config", "with_overrides", "parse_size", "format_size"]
+__all__ = ["IngestConfig", "CacheConfig", "MedloadConfig", "load_config", "with_overrides", "parse_size", "format_size",
+           "affinity_cores"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def affinity_cores() -> int:
+    """The cores this process may run on (its affinity mask, e.g. under taskset or a Slurm allocation).
+
+    Example:
+        >>> affinity_cores() >= 1
+        True
+    """
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def parse_size(text: str | int) -> int:
@@ -115,9 +126,7 @@ class IngestConfig:
 
     @property
     def worker_count(self) -> int:
-        if self.workers:
-            return self.workers
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return self.workers or affinity_cores()
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,9 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["peak_pss", "tree_pss_mb", "spread", "machine", "tree_bytes", "cores"]
+from medload.config import affinity_cores
 
-
-def cores() -> int:
-    """CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0))
+__all__ = ["peak_pss", "tree_pss_mb", "spread", "machine", "tree_bytes"]
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -140,7 +137,7 @@ def dcm2niix_version() -> str | None:
 
 def machine() -> dict:
     """The machine and the versions that shape the figures."""
-    info = {"cpu": _cpu_model(), "cores": cores(), "memory_gb": _memory_gb(), "os": platform.platform(),
+    info = {"cpu": _cpu_model(), "cores": affinity_cores(), "memory_gb": _memory_gb(), "os": platform.platform(),
             "arch": platform.machine(), "python": platform.python_version(), "dcm2niix": dcm2niix_version()}
     for dist in ("medload", "torch", "monai", "numpy", "pydicom", "SimpleITK", "lmdb", "blosc2"):
         info[dist.lower()] = _version(dist)

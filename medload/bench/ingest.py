@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from medload.bench.common import cores as _cores
 from medload.bench.common import spread, tree_bytes
+from medload.config import affinity_cores
 
 __all__ = ["IngestContender", "contenders", "run_ingest", "make_data", "replicate", "main"]
 
@@ -236,7 +236,7 @@ def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: 
 
     src, work = Path(src), Path(work)
     work.mkdir(parents=True, exist_ok=True)
-    ncores = _cores()
+    ncores = affinity_cores()
     files = [p for p in src.rglob("*") if p.is_file()]
     dicom_bytes = sum(p.stat().st_size for p in files)
     mb = dicom_bytes / 1e6

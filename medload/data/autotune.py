@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import torch
 
-from medload.config import format_size, parse_size
+from medload.config import affinity_cores, format_size, parse_size
 from medload.errors import ConfigError
 
 __all__ = ["LoaderTuning", "LoaderCosts", "tune_loader", "measure_costs", "measured_rate", "choose_settings",
@@ -103,7 +103,7 @@ class LoaderTuning:
 def free_cores() -> int:
     """Cores this process may run on (its affinity mask), less the load of other processes: the
     1-minute load average minus this process's own one, rounded; at least 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = affinity_cores()
     try:
         others = max(0.0, os.getloadavg()[0] - 1.0)
     except OSError:
