@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from medload.config import IngestConfig
 from medload.ingest.discover import SourceRef
@@ -19,6 +20,9 @@ AXIAL = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
 PIXEL_SPACING = (0.7, 0.8)  # (row spacing, column spacing), as in PixelSpacing (0028,0030)
 DATA = REPO / "tests" / "data"
 PHILIPS = REPO / "sample_data" / "philips_ct_head"
+#: Devices for tests of code that runs on the training device: always the CPU, and CUDA where a GPU is.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device: runs on machines with a GPU"))]
 
 
 @pytest.fixture(autouse=True, scope="session")

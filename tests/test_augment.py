@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import DEVICES
 from medload.data.augment import AugmentConfig, AugmentParams, BatchAugment, rotation_matrix
 from medload.errors import ConfigError
 
@@ -32,7 +33,8 @@ def _blobs(batch: int, spatial: tuple[int, ...], seed: int = 0) -> torch.Tensor:
 def _image_of(label: torch.Tensor, channels: int) -> torch.Tensor:
     """100 * label plus a small smooth background that differs per channel."""
     spatial = label.shape[2:]
-    axes = torch.meshgrid(*[torch.arange(n, dtype=torch.float32) for n in spatial], indexing="ij")
+    axes = torch.meshgrid(*[torch.arange(n, dtype=torch.float32, device=label.device) for n in spatial],
+                          indexing="ij")
     chans = [0.15 * (1 + torch.sin(axes[-1] / (4 + c)) * torch.cos(axes[-2] / 5)) for c in range(channels)]
     return 100.0 * label.float() + torch.stack(chans)[None]
 
@@ -44,13 +46,15 @@ def _interior(label: torch.Tensor) -> torch.Tensor:
     return pool(x, 3, 1, 1) == -pool(-x, 3, 1, 1)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("spatial_dims,spatial,channels", [(2, (48, 56), 3), (3, (20, 28, 24), 1)])
 @pytest.mark.parametrize("label_dtype", [torch.uint8, torch.int64])
-def test_image_and_label_stay_aligned(spatial_dims, spatial, channels, label_dtype):
+def test_image_and_label_stay_aligned(spatial_dims, spatial, channels, label_dtype, device):
     batch = 6
-    label = _blobs(batch, spatial, seed=spatial_dims).to(label_dtype)
+    label = _blobs(batch, spatial, seed=spatial_dims).to(label_dtype).to(device)
     image = _image_of(label, channels)
-    aug = BatchAugment(AugmentConfig(affine_prob=1.0, rotate_deg=25.0), seed=5, spatial_dims=spatial_dims)
+    aug = BatchAugment(AugmentConfig(affine_prob=1.0, rotate_deg=25.0), device=device, seed=5,
+                       spatial_dims=spatial_dims)
     for epoch in range(2):
         aug.set_epoch(epoch)
         out_img, out_lab = aug(image, label)

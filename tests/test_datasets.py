@@ -11,6 +11,7 @@ import pytest
 import torch
 from monai.transforms import EnsureChannelFirstd, LoadImaged
 
+from conftest import DEVICES
 from medload import windows as win
 from medload.config import IngestConfig
 from medload.data import MedloadReader, SlabDataset, SliceDataset, make_loader
@@ -149,17 +150,19 @@ def test_2p5d_items_through_monai_are_the_dataset_items_transposed(built):
         assert np.array_equal(item["image"].numpy(), dataset[i]["image"].numpy().transpose(0, 2, 1))
 
 
-@pytest.mark.parametrize("workers,method", [(0, None), (2, "fork"), (2, "spawn")])
-def test_loader_yields_windowed_float_batches(built, workers, method):
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("workers,method,pin", [(0, None, None), (2, "fork", None), (2, "spawn", False)])
+def test_loader_yields_windowed_float_batches(built, workers, method, pin, device):
     path, by_key = built
     key = _keys_of(by_key, 9)[0]
     ds = SliceDataset(open_store(path, "4MB"), context=1, keys=[key])
-    loader = make_loader(ds, batch_size=4, num_workers=workers, window="soft_tissue", shuffle=False,
-                         multiprocessing_context=None if method is None else mp.get_context(method))
+    loader = make_loader(ds, batch_size=4, num_workers=workers, device=device, window="soft_tissue", shuffle=False,
+                         multiprocessing_context=None if method is None else mp.get_context(method), pin_memory=pin)
     batches = list(loader)
     assert [b["image"].shape[0] for b in batches] == [4, 4, 1]
-    image = torch.cat([b["image"] for b in batches]).numpy()
-    order = np.concatenate([b["index"].numpy() for b in batches])
+    assert {b["image"].device.type for b in batches} == {b["index"].device.type for b in batches} == {device}
+    image = torch.cat([b["image"] for b in batches]).cpu().numpy()
+    order = np.concatenate([b["index"].cpu().numpy() for b in batches])
     hu = np.stack([ds[i]["image"].numpy() for i in order]).astype(np.float32)
     assert image.dtype == np.float32
     assert np.allclose(image, np.clip((hu + 160) / 400, 0, 1), atol=1e-6)
@@ -198,19 +201,20 @@ def test_zero_workers_cast_as_they_read_and_equal_the_slot_path_bit_for_bit(buil
     assert np.allclose(a[0]["image"].numpy(), expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("workers", [0, 2])
-def test_stored_dtype_batches_pass_through_unwindowed(built, workers):
+def test_stored_dtype_batches_pass_through_unwindowed(built, workers, device):
     """dtype=torch.int16 (uint8 for a plane): what a GPU pipeline that windows in the model is sent."""
     path, by_key = built
     keys = _keys_of(by_key, 9)
     for plane, dtype in ((None, torch.int16), ("lung", torch.uint8)):
         ds = SliceDataset(open_store(path, "4MB"), context=1, plane=plane, keys=keys)
-        loader = make_loader(ds, batch_size=4, num_workers=workers, dtype=dtype, seed=2)
+        loader = make_loader(ds, batch_size=4, num_workers=workers, device=device, dtype=dtype, seed=2)
         held = list(loader)  # kept: each batch must be a copy of its own, not a view of a reused slot
-        assert [b["image"].dtype for b in held] == [dtype] * 3
+        assert [(b["image"].dtype, b["image"].device.type) for b in held] == [(dtype, device)] * 3
         for b in held:
             expected = np.stack([ds[i]["image"].numpy() for i in b["index"].tolist()])
-            assert np.array_equal(b["image"].numpy(), expected)
+            assert np.array_equal(b["image"].cpu().numpy(), expected)
     with pytest.raises(ConfigError, match="drop window"):
         make_loader(ds, batch_size=2, dtype=torch.uint8, window="lung")
     with pytest.raises(ConfigError, match="stored torch.uint8"):

@@ -12,7 +12,7 @@ import pytest
 import SimpleITK as sitk
 import torch
 
-from conftest import DATA
+from conftest import DATA, DEVICES
 from medload.config import IngestConfig
 from medload.data import ForegroundSampler, SlabDataset, SliceDataset, make_loader
 from medload.ingest import ingest
@@ -158,21 +158,22 @@ def test_datasets_read_labels_and_the_foreground_sampler_uses_them(labelled, tmp
         assert batch["label"].dtype == torch.uint8
 
 
-def test_labels_ride_with_their_images_whether_batches_are_cast_as_read_or_slotted(labelled, tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_labels_ride_with_their_images_whether_batches_are_cast_as_read_or_slotted(labelled, tmp_path, device):
     import multiprocessing as mp
 
     src, gen = labelled
     ingest(src, tmp_path / "s", config=CFG)
     store = open_store(tmp_path / "s")
     for ds in (SliceDataset(store, context=1, labels=True), SlabDataset(store, depth=3, stride=2, labels=True)):
-        runs = [list(make_loader(ds, batch_size=2, num_workers=w, window="soft_tissue", seed=1,
+        runs = [list(make_loader(ds, batch_size=2, num_workers=w, device=device, window="soft_tissue", seed=1,
                                  multiprocessing_context=mp.get_context("fork") if w else None))
-                for w in (0, 1)]  # 0: cast as read on the CPU, labels through the slot; 1: all through it
+                for w in (0, 1)]  # on the CPU, 0: cast as read, labels through the slot; 1: all through it
         assert len(runs[0]) == len(runs[1]) > 1
         for a, b in zip(*runs):
             assert torch.equal(a["index"], b["index"]) and torch.equal(a["image"], b["image"])
-            assert torch.equal(a["label"], b["label"])
-            for i, label in zip(a["index"].tolist(), a["label"]):
+            assert torch.equal(a["label"], b["label"]) and a["label"].device.type == device
+            for i, label in zip(a["index"].tolist(), a["label"].cpu()):
                 assert torch.equal(label, ds[i]["label"].as_tensor())
 
 

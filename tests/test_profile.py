@@ -12,7 +12,7 @@ import time
 import pytest
 import torch.nn.functional as F
 
-from conftest import PHILIPS
+from conftest import DEVICES, PHILIPS
 from medload.config import IngestConfig
 from medload.cache.lru import shared_lru
 from medload.data import SliceDataset, make_loader
@@ -31,7 +31,7 @@ def sample_store(tmp_path_factory):
 
 def _train(loader, epochs: int = 2) -> float:
     """A real (small) training loop over ``loader``; returns its wall time."""
-    step = TrainStep(segmentation_unet(2, 3, small=True))
+    step = TrainStep(segmentation_unet(2, 3, small=True).to(loader.device))
     t0 = time.perf_counter()
     for epoch in range(epochs):
         loader.set_epoch(epoch)
@@ -41,10 +41,11 @@ def _train(loader, epochs: int = 2) -> float:
     return time.perf_counter() - t0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("workers", [0, 2])
-def test_stage_times_add_up_to_the_wall_time(sample_store, workers):
+def test_stage_times_add_up_to_the_wall_time(sample_store, workers, device):
     shared_lru(0).clear()  # this process's L1 may hold the Philips slices from earlier tests (same keys)
-    loader = make_loader(SliceDataset(open_store(sample_store), context=1), 4, workers, window="soft_tissue")
+    loader = make_loader(SliceDataset(open_store(sample_store), context=1), 4, workers, device, window="soft_tissue")
     with profile(loader) as prof:
         wall = _train(loader)
     rep = prof.report()
