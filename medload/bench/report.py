@@ -215,10 +215,8 @@ def _targets_table(targets: list[dict]) -> TableSpec:
 def _speed_table(targets: list[dict]) -> TableSpec:
     t = TableSpec("Speed targets: 2.5D loading, read from the rows above", ["run", "measure", "value", "target", "met"])
     for x in targets:
-        value = None if x["value"] is None else (fmt_ratio(x["value"]) if x["measure"].startswith("x ")
-                                                 else fmt_int(x["value"]))
-        target = fmt_ratio(x["target"]) if x["measure"].startswith("x ") else fmt_int(x["target"])
-        t.add([x["run"], x["measure"], value or "-", f">= {target}",
+        fmt = fmt_ratio if x["field"] == "x_npy_memmap" else fmt_int  # a ratio, or a percentage
+        t.add([x["run"], x["measure"], "-" if x["value"] is None else fmt(x["value"]), f">= {fmt(x['target'])}",
                "-" if x["met"] is None else "yes" if x["met"] else "NO"], failed=x["met"] is False)
     return t
 

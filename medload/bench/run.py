@@ -249,8 +249,9 @@ def _speed_targets(results: dict) -> list[dict]:
     out = []
     for name, workers, field, least, measure in SPEED_TARGETS:
         value = (rows.get((name, workers)) or {}).get(field)
-        out.append({"run": f"2.5d {name}, {workers} workers, on {sec.get('device', '?')}", "measure": measure,
-                    "value": value, "target": least, "met": None if value is None else value >= least})
+        out.append({"run": f"2.5d {name}, {workers} workers, on {sec.get('device', '?')}", "field": field,
+                    "measure": measure, "value": value, "target": least,
+                    "met": None if value is None else value >= least})
     return out
 
 
