@@ -5,12 +5,21 @@ hot copy and through the store itself is the same entry. Cached arrays are read-
 copies (``Store.read``) or the read-only arrays themselves (``Store.planes``). After a ``fork`` the
 child starts with an empty cache of the same budget (DataLoader workers must not grow by touching
 the parent's pages).
+
+Admission (:meth:`SliceLRU.admits`): while the cache has room every slice is kept; once it is full, a
+slice is kept only if it missed before, recently -- its key is among the last misses that were turned
+away, as many as the cache holds slices (a "ghost" list of keys, as in 2Q and ARC; Johnson & Shasha
+1994, Megiddo & Modha 2003). A random epoch over a store much larger than the cache then leaves the
+cache as it is (a slice comes back only after the whole epoch, long after any LRU would have dropped
+it) instead of copying in and throwing out every slice it reads; data that fits are kept from their
+second read on.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +38,7 @@ class LRUStats:
     budget: int
     entries: int
     evictions: int
+    declined: int = 0  # misses not kept (see SliceLRU.admits)
 
 
 class _CountingLRU(LRUCache):
@@ -48,8 +58,32 @@ class SliceLRU:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self._cache = _CountingLRU(max(budget, 1))
+        self._ghost: OrderedDict[CacheKey, None] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
+        self.declined = 0
+
+    def __contains__(self, key: CacheKey) -> bool:
+        """Whether ``key`` is cached (not counted as a hit or a miss, and not made more recent)."""
+        with self._lock:
+            return key in self._cache
+
+    def admits(self, key: CacheKey, nbytes: int) -> bool:
+        """Whether a slice of ``nbytes`` that just missed should be kept (see the module docstring);
+        a slice turned away is remembered, and kept if it misses again soon."""
+        if self.budget == 0 or nbytes > self.budget:
+            return False
+        with self._lock:
+            if self._cache.currsize + nbytes <= self.budget:
+                return True
+            if key in self._ghost:
+                del self._ghost[key]
+                return True
+            self._ghost[key] = None
+            while len(self._ghost) > max(64, self.budget // nbytes):
+                self._ghost.popitem(last=False)
+            self.declined += 1
+            return False
 
     def get(self, key: CacheKey) -> np.ndarray | None:
         with self._lock:
@@ -60,11 +94,12 @@ class SliceLRU:
                 self.hits += 1
             return value
 
-    def put(self, key: CacheKey, array: np.ndarray) -> None:
-        """Keep a read-only copy; arrays larger than the whole budget are not cached."""
+    def put(self, key: CacheKey, array: np.ndarray, *, copy: bool = True) -> None:
+        """Keep a read-only copy (``copy=False``: keep ``array`` itself, made read-only; it must own its
+        memory); arrays larger than the whole budget are not cached."""
         if self.budget == 0 or array.nbytes > self.budget:
             return
-        value = np.array(array, copy=True)
+        value = np.array(array, copy=True) if copy else array
         value.flags.writeable = False
         with self._lock:
             self._cache[key] = value
@@ -73,11 +108,12 @@ class SliceLRU:
         """Drop every cached slice (the counters keep counting)."""
         with self._lock:
             self._cache.clear()
+            self._ghost.clear()
 
     def stats(self) -> LRUStats:
         with self._lock:
             return LRUStats(self.hits, self.misses, int(self._cache.currsize), self.budget, len(self._cache),
-                            self._cache.evictions)
+                            self._cache.evictions, self.declined)
 
 
 _shared: SliceLRU | None = None

@@ -3,10 +3,20 @@
 from medload.data.augment import AugmentConfig, BatchAugment
 from medload.data.datasets import SlabDataset, SliceDataset
 from medload.data.loader import DeviceLoader, make_loader
-from medload.data.monai_reader import MedloadReader
 from medload.data.distributed import (DistributedPatientSampler, assign_ranks, locality_order,
                                       partition_by_patient, sample_layout, shards_for_rank)
 from medload.data.samplers import ForegroundSampler, SeriesGroupedSampler, UniformSampler
+
+
+def __getattr__(name: str):
+    """``MedloadReader`` is a MONAI ImageReader: MONAI loads when it is first asked for, not with the
+    datasets and the loader (it adds about 200 MB to every process, DataLoader workers included)."""
+    if name == "MedloadReader":
+        from medload.data.monai_reader import MedloadReader
+
+        return MedloadReader
+    raise AttributeError(f"module 'medload.data' has no attribute {name!r}")
+
 
 __all__ = ["SliceDataset", "SlabDataset", "make_loader", "DeviceLoader", "MedloadReader", "AugmentConfig",
            "BatchAugment", "UniformSampler", "ForegroundSampler", "SeriesGroupedSampler", "DistributedPatientSampler",

@@ -26,6 +26,7 @@ from medload import windows as win
 from medload.data.index import SampleIndex, select_series, slab_index, slice_index
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
+from medload.storage.shard import LABELS
 from medload.storage.store import Store
 
 __all__ = ["SliceDataset", "SlabDataset"]
@@ -132,6 +133,18 @@ class _StoreDataset(torch.utils.data.Dataset):
         if label is not None:
             self.read_labels(indices, label)
 
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Have the disk start reading the slices (and labels) of these samples now, without waiting
+        (:meth:`medload.Store.prefetch`); the loader calls it for the batches it reads next."""
+        samples = [self._sample(i) for i in indices]
+        if not samples:
+            return
+        self.store._prefetch([(rec, *self._span(rec, z)) for rec, z in samples],
+                             self.store._plane(samples[0][0], self.plane)[0])
+        if self.labels:
+            depth = int(np.prod(self._label_shape(1, 1)[1:-2]))  # slices per label: 1 (2.5D) or the slab's depth
+            self.store._prefetch([(rec, z, z + depth) for rec, z in samples], LABELS)
+
     def read_labels(self, indices: Sequence[int], label: np.ndarray) -> None:
         """Fill ``label`` (B, 1, ...) with the label maps of the samples ``indices``."""
         depth = int(np.prod(label.shape[1:-2]))  # slices per label: 1 (2.5D) or the slab's depth
@@ -216,6 +229,10 @@ class SliceDataset(_StoreDataset):
         a, e = max(z - k, 0), min(z + k + 1, rec.shape[0])
         return a, e, a - (z - k)
 
+    def _span(self, rec: SeriesRecord, z: int) -> tuple[int, int]:
+        """The slices ``[a, e)`` the stack around z reads."""
+        return self._edges(rec, z)[:2]
+
     def _read_item(self, i: int, image: np.ndarray) -> None:
         rec, z = self._sample(i)
         a, e, lo = self._edges(rec, z)
@@ -228,7 +245,7 @@ class SliceDataset(_StoreDataset):
         read-only; the edge slices repeated)."""
         rec, z = self._sample(i)
         a, e, lo = self._edges(rec, z)
-        planes = self.store.planes(rec.key, a, e, window=self.plane)
+        planes = self.store._planes(rec, *self.store._plane(rec, self.plane), a, e, None, transient=True)
         return [planes[0]] * lo + planes + [planes[-1]] * (self.channels - lo - (e - a))
 
 
@@ -275,8 +292,10 @@ class SlabDataset(_StoreDataset):
         rec, z = self._sample(i)
         self.store.read(rec.key, z, z + self.depth, window=self.plane, out=image[0])
 
+    def _span(self, rec: SeriesRecord, z: int) -> tuple[int, int]:
+        return z, z + self.depth
+
     def _item_planes(self, i: int) -> list[np.ndarray]:
-        """Sample ``i``'s slices as a list of (H, W) arrays (:meth:`Store.planes`: L1 arrays themselves,
-        read-only)."""
+        """Sample ``i``'s slices as a list of (H, W) arrays (see :meth:`SliceDataset._item_planes`)."""
         rec, z = self._sample(i)
-        return self.store.planes(rec.key, z, z + self.depth, window=self.plane)
+        return self.store._planes(rec, *self.store._plane(rec, self.plane), z, z + self.depth, None, transient=True)

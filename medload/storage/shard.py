@@ -15,6 +15,7 @@ import os
 import lmdb
 
 from medload.errors import StoreError
+from medload.storage.value_reads import forget
 
 __all__ = ["SLICES", "LABELS", "LABEL_SERIES", "SERIES", "REJECTS", "REPLACED", "INDEXES", "window_db", "open_write_env",
            "open_read_env", "reader_env", "close_reader_envs", "env_bytes", "open_dbs", "written_db_names", "reserve"]
@@ -88,6 +89,7 @@ def close_reader_envs(paths: list[Path]) -> None:
     for path in paths:
         env = _readers.pop(path.absolute(), None)
         if env is not None:
+            forget(path)
             env.close()
 
 

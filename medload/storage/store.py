@@ -1,8 +1,10 @@
 """Reading a store: series records, slab reads through the cache tiers, quarantine records.
 
-A slab read asks the in-process LRU (L1) for each slice, and reads each run of missing slices with
-one LMDB cursor range scan from the fastest file that holds the shard: its hot copy on local SSD (L2)
-or the store itself (L3), decoding straight into the output array.
+A slab read asks the in-process LRU (L1) for each slice, and finds each run of missing slices with
+one LMDB cursor range scan in the fastest file that holds the shard: its hot copy on local SSD (L2)
+or the store itself (L3). The values' bytes are read with positioned reads, not through LMDB's map,
+and decoded straight into the output array; :meth:`Store.prefetch` has the kernel read the slices
+of batches to come meanwhile (see :mod:`medload.storage.value_reads`).
 
 A :class:`Store` is safe to hand to DataLoader workers under ``fork`` and ``spawn``: it pickles to its
 path and cache settings, and LMDB environments are opened lazily in the process that uses them, once
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,11 +30,11 @@ from medload.cache.tiered import ShardResolver
 from medload.config import CacheConfig, parse_size
 from medload.errors import ChecksumError, ConfigError, SeriesNotFoundError, StoreError, StoreFormatError
 from medload.storage import shard as sh
-from medload.storage.codec import decode_value, value_shape
-from medload.storage.keys import match_key, slice_key, split_slice_key
+from medload.storage.keys import match_key, slice_key
 from medload.storage.live import merge, read_shard
 from medload.storage.manifest import Manifest, ShardEntry, read_manifest, shard_path
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
+from medload.storage.value_reads import advise_values, read_values
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -270,9 +273,13 @@ class Store:
         return out
 
     def _planes(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None, verify: bool | None,
-                out: np.ndarray | None = None, shard: str | None = None) -> list[np.ndarray]:
+                out: np.ndarray | None = None, shard: str | None = None, transient: bool = False) -> list[np.ndarray]:
         """The read path of :meth:`read` (into ``out``) and :meth:`planes` (``out`` None: cached arrays as
-        they are, the rest decoded into new arrays): L1 first, then one range scan per run of misses."""
+        they are, the rest decoded into new arrays -- or, ``transient``, into this thread's scratch
+        buffer, valid until its next transient read: for a caller that converts each slice at once).
+
+        L1 first; then each run of misses is read with one range scan. A miss the L1 admits is decoded
+        into an array of its own, which the L1 keeps without a copy (unless it went into ``out``)."""
         z1 = _span(rec, z0, z1)
         verify = self.cache.verify if verify is None else verify
         entry = self._entries[shard or rec.shard]
@@ -290,26 +297,69 @@ class Store:
                     planes[z - z0] = hit
                 else:
                     out[z - z0] = planes[z - z0] = hit
+        hw = tuple(rec.shape[1:])
+        nbytes = hw[0] * hw[1] * dtype.itemsize
+        scratch = _scratch(len(missing), hw, dtype) if transient and out is None and missing else None
+        spare = iter(scratch) if scratch is not None else None
         for a, b in _runs(missing):
-            run = out[a - z0 : b - z0] if out is not None else np.empty((b - a, *rec.shape[1:]), dtype=dtype)
-            self._scan(entry, db, key, a, b, run, verify)
-            planes[a - z0 : b - z0] = run
-            if lru is not None:
-                for z in range(a, b):
-                    lru.put((entry.digest, db, slice_key(key, z)), run[z - a])
+            kept = [lru is not None and lru.admits((entry.digest, db, slice_key(key, z)), nbytes) for z in range(a, b)]
+            for z, keep in zip(range(a, b), kept):
+                if out is not None:
+                    planes[z - z0] = out[z - z0]
+                elif spare is not None and not keep:
+                    planes[z - z0] = next(spare)
+                else:
+                    planes[z - z0] = np.empty(hw, dtype=dtype)
+            self._scan(entry, db, key, a, b, planes[a - z0 : b - z0], verify)
+            for z, keep in zip(range(a, b), kept):
+                if keep:
+                    lru.put((entry.digest, db, slice_key(key, z)), planes[z - z0], copy=out is not None)
         return planes
 
-    def _scan(self, entry: ShardEntry, db: bytes, key: bytes, z0: int, z1: int, out: np.ndarray, verify: bool) -> None:
-        env, tier = self._tiers.env(entry)
+    def _scan(self, entry: ShardEntry, db: bytes, key: bytes, z0: int, z1: int, targets: list[np.ndarray],
+              verify: bool) -> None:
+        env, tier, path = self._tiers.env(entry)
         try:
-            nbytes = _range_scan(env, db, key, z0, z1, out, verify)
+            nbytes = read_values(env, path, db, key, z0, z1, targets, verify)
         except (ChecksumError, StoreFormatError, StoreError, lmdb.Error) as exc:
             if tier != "l2":
                 raise
             self._tiers.damaged(entry, exc)
-            env, tier = self._tiers.env(entry)
-            nbytes = _range_scan(env, db, key, z0, z1, out, verify)
+            env, tier, path = self._tiers.env(entry)
+            nbytes = read_values(env, path, db, key, z0, z1, targets, verify)
         self._tiers.count(tier, z1 - z0, nbytes)
+
+    # ---- read-ahead --------------------------------------------------------------------------
+    def prefetch(self, spans, *, window: str | None = None, labels: bool = False) -> None:
+        """Have the operating system start reading these slices from disk now, without waiting: each
+        span is ``(key, z0, z1)``. A loader calls it for the batches it will read next, so that their
+        disk reads overlap the decoding of this one (see :mod:`medload.storage.value_reads`); slices
+        the L1 holds are skipped. ``labels``: their label maps too.
+
+        Example:
+            >>> store.prefetch([(key, 10, 13), (other, 0, 3)])   # doctest: +SKIP
+            >>> slab = store.read(key, 10, 13)   # from the page cache, if the disk was quick enough
+        """
+        items = [(self.record(key), z0, z1) for key, z0, z1 in spans]
+        if items:
+            self._prefetch(items, self._plane(items[0][0], window)[0])
+            if labels:
+                self._prefetch([item for item in items if self._all_labels().get(item[0].key_bytes)], sh.LABELS)
+
+    def _prefetch(self, items: list[tuple[SeriesRecord, int, int]], db: bytes) -> None:
+        """:meth:`prefetch` of ``(record, z0, z1)`` spans of sub-database ``db`` (``LABELS``: their labels)."""
+        lru = shared_lru(self.cache.l1_bytes) if self.cache.l1_bytes else None
+        groups: dict[str, list[tuple[bytes, int, int]]] = {}
+        for rec, z0, z1 in items:
+            shard = self._all_labels()[rec.key_bytes].shard if db == sh.LABELS else rec.shard
+            digest = self._entries[shard].digest
+            zs = [z for z in range(z0, _span(rec, z0, z1))
+                  if lru is None or (digest, db, slice_key(rec.key_bytes, z)) not in lru]
+            groups.setdefault(shard, []).extend((rec.key_bytes, a, b) for a, b in _runs(zs))
+        for shard, runs in groups.items():
+            if runs:
+                env, _, path = self._tiers.env(self._entries[shard])
+                advise_values(env, path, db, runs)
 
 
 def _span(rec: SeriesRecord, z0: int, z1: int | None) -> int:
@@ -321,6 +371,18 @@ def _span(rec: SeriesRecord, z0: int, z1: int | None) -> int:
     return z1
 
 
+_local = threading.local()
+
+
+def _scratch(n: int, hw: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    """This thread's scratch array of ``n`` slices (reused: no page faults for fresh memory per read)."""
+    buf = getattr(_local, "scratch", None)
+    need = n * hw[0] * hw[1] * dtype.itemsize
+    if buf is None or buf.nbytes < need:
+        buf = _local.scratch = np.empty(max(need, 1 << 20), dtype=np.uint8)
+    return buf[:need].view(dtype).reshape(n, *hw)
+
+
 def _runs(zs: list[int]) -> list[tuple[int, int]]:
     """Consecutive runs ``[a, b)`` of a sorted list of slice indices."""
     runs: list[tuple[int, int]] = []
@@ -330,28 +392,3 @@ def _runs(zs: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append((z, z + 1))
     return runs
-
-
-def _range_scan(env: lmdb.Environment, db_name: bytes, key: bytes, z0: int, z1: int, out: np.ndarray,
-                verify: bool) -> int:
-    """Decode slices ``z0..z1-1`` of series ``key`` into ``out`` with one cursor range scan; returns
-    the bytes of stored values read."""
-    nbytes = 0
-    z = z0
-    with env.begin(buffers=True) as txn:
-        dbs = sh.open_dbs(env, [db_name], create=False, txn=txn)
-        if db_name not in dbs:
-            raise StoreError(f"sub-database {db_name.decode()} is missing: the store is damaged; run `medload verify`")
-        cursor = txn.cursor(db=dbs[db_name])
-        if cursor.set_key(slice_key(key, z0)):
-            for k, v in cursor:
-                if z == z1 or split_slice_key(bytes(k)) != (key, z):
-                    break
-                if value_shape(v) != out.shape[1:]:
-                    raise StoreError(f"slice {z} of series {key.hex()[:12]} has shape {value_shape(v)}, record says {out.shape[1:]}")
-                decode_value(v, verify=verify, out=out[z - z0])
-                nbytes += len(v)
-                z += 1
-    if z != z1:
-        raise StoreError(f"series {key.hex()[:12]} is missing slice {z}: the store is damaged; run `medload verify`")
-    return nbytes
