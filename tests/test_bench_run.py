@@ -13,7 +13,8 @@ from medload.errors import ConfigError
 
 TINY = BenchConfig(series_25d=2, slices_25d=5, size_25d=48, series_3d=1, slices_3d=7, size_3d=32, depth_3d=4,
                    ingest_repeats=1, ingest_warmup=0, workers=(2,), workers_3d=(0,), warmup=1, batches=1, repeats=2,
-                   batch_size=2, max_pass_s=None, scaling=(1, 2), gpu_steps=2, timeout=120)
+                   batch_size=2, max_pass_s=None, scaling=(1, 2), scale_series=3, scale_slices=6, scale_size=48,
+                   scale_warmup=1, scale_batches=1, scale_repeats=2, gpu_steps=2, timeout=120)
 
 
 def broken_loader(prep, batch_size: int, num_workers: int, device: str):
@@ -52,7 +53,7 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
     tables = report.section_tables(results)
     assert [t.title.split(":")[0] for t in tables] == [
         "Ingest", "Size on disk", "2.5D loading", "3D loading", "medload against each peer", "Scaling",
-        "Speed targets", "Memory target", "GPU"]
+        "Loading at scale", "Scale targets, read from the rows above", "Speed targets", "Memory target", "GPU"]
     for table in tables:
         for cells, failed in zip(table.rows, table.failed):
             if not failed:  # failed rows fold their long message over lines
@@ -108,7 +109,8 @@ def test_scaling_and_targets(bench):
     assert sc["rows"][0]["x_first"] == 1.0 and sc["rows"][1]["slices"] == 10
     assert all(r["cache"]["l1_hits"] + r["cache"]["l1_misses"] > 0 for r in sc["rows"])
     runs = [t["run"] for t in results["targets"]]
-    assert "2.5d medload, 2 workers" in runs and "scaling, 2 series, 2 workers" in runs
+    assert "2.5d medload, 2 workers (fits in L1)" in runs and "scaling, 2 series, 2 workers" in runs
+    assert {"at scale, page cache warm, 2 workers", "at scale, page cache cold, 2 workers"} <= set(runs)
     assert all(t["met"] == (t["peak_pss_mb"] <= 1000) for t in results["targets"])
     rows = {(r["contender"], r["num_workers"]): r for r in results["loading"]["2.5d"]["rows"]}
     speed = {(t["run"], t["measure"]): t for t in results["speed_targets"]}
@@ -121,6 +123,53 @@ def test_scaling_and_targets(bench):
     assert speed[("2.5d medload, 0 workers, on cpu", "x npy memmap loader")]["met"] is None  # not run: no 0-worker row
 
 
+def test_scale_section_rows_and_targets(bench):
+    """Every contender at every mode and workers count, each ok or skipped with the reason (nnU-Net where
+    nnunetv2 is not installed); medload's ratio to the fastest peer and its targets come from those rows."""
+    results, text, _ = bench
+    sec = results["scale"]
+    assert sec["status"] == "ok" and sec["series"] == 3 and sec["slices"] == 18 and sec["sample_mb"] > 0
+    rows = {(r["contender"], r["mode"]): r for r in sec["rows"]}
+    assert set(rows) == {(c, m) for c in ("medload", "npy_memmap", "zarr_blosc", "hdf5_chunked",
+                                           "monai_cache_thread", "nnunet") for m in ("warm", "cold")}
+    for (name, _), r in rows.items():
+        if name == "nnunet" and r["status"] == "skipped":
+            assert "nnunetv2 is not installed" in r["reason"]
+            continue
+        assert r["status"] == "ok", r
+        assert r["samples"] == [2, 2] and r["mb_per_sample"] >= 0 and r["peak_pss_mb"] > 0
+    for mode in ("warm", "cold"):
+        m = rows[("medload", mode)]
+        peers = [r for (n, md), r in rows.items() if md == mode and n != "medload" and r.get("samples_per_s")]
+        best = max(peers, key=lambda r: r["samples_per_s"])
+        assert m["best_peer"] == best["contender"]
+        assert m["x_best_peer"] == pytest.approx(m["samples_per_s"] / best["samples_per_s"])
+        assert m["cache"]["l1_hits"] + m["cache"]["l1_misses"] > 0
+        target = next(t for t in results["scale_targets"] if t["run"] == f"at scale, page cache {mode}, 2 workers"
+                      and t["field"] == "x_best_peer")
+        assert target["value"] == m["x_best_peer"] and target["met"] == (m["x_best_peer"] >= {"cold": 1.5, "warm": 1.5}[mode])
+    disk = next(t for t in results["scale_targets"] if t["field"] == "x_compressed")
+    assert disk["value"] == pytest.approx(rows[("medload", "cold")]["mb_per_sample"] / sec["sample_mb"])
+    table = next(t for t in report.section_tables(results) if t.title.startswith("Loading at scale"))
+    medload_warm = next(c for c in table.rows if c[:3] == ["warm", "2", "medload"])
+    r = rows[("medload", "warm")]
+    assert medload_warm[3] == (f"{report.fmt_rate(r['samples_per_s'])} ({report.fmt_rate(r['samples_per_s_min'])}-"
+                               f"{report.fmt_rate(r['samples_per_s_max'])})")
+    assert medload_warm[5] == f"{r['mb_per_sample']:.2f}" and medload_warm[7] == report.fmt_int(r["peak_pss_mb"])
+
+
+def test_a_busy_machine_is_named_next_to_the_targets(bench):
+    results, _, _ = bench
+    busy = dict(results, busy=["loading 2.5d: other processes used 80% of the CPUs meanwhile; ..."])
+    busy["speed_targets"] = [dict(t, met=False) for t in results["speed_targets"]]
+    speed = next(t for t in report.section_tables(busy) if t.title.startswith("Speed targets"))
+    assert all(row[-1] == "NO (busy machine)" for row in speed.rows)
+    assert any("other processes used 80% of the CPUs" in n for n in speed.notes)
+    assert set(results["others_cpu"]) >= {"loading 2.5d", "scale"}  # measured for every section
+    quiet = next(t for t in report.section_tables(dict(busy, busy=[])) if t.title.startswith("Speed targets"))
+    assert all(row[-1] == "NO" for row in quiet.rows)
+
+
 def test_plot_is_a_png_and_readme_tables_are_markdown(bench):
     results, _, out = bench
     png = (out / "bench.png").read_bytes()
@@ -129,7 +178,7 @@ def test_plot_is_a_png_and_readme_tables_are_markdown(bench):
 
     assert matplotlib.image.imread(out / "bench.png").ndim == 3
     md = report.readme_tables(results)
-    assert md.startswith("`medload bench` on ") and "| contender | workers | samples/s (min-max) |" in md
+    assert md.startswith("`medload bench --scale 3` on ") and "| contender | workers | samples/s (min-max) |" in md
     assert "boom: this loader is broken on purpose" in md and md.count("|---|") >= 7
 
 

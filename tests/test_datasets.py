@@ -263,7 +263,8 @@ def test_worker_memory_stays_flat_over_epochs(built):
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_slots_wrap_around_many_times_without_mixing_batches(built, method):
-    """15 one-sample batches through 6 slots: every batch still holds exactly its own sample."""
+    """15 one-sample batches through 5 slots (2 workers x prefetch 2, plus 1): every batch still holds exactly
+    its own sample."""
     path, by_key = built
     ds = SliceDataset(open_store(path), context=1, keys=_keys_of(by_key, 9) + _keys_of(by_key, 6))
     loader = make_loader(ds, batch_size=1, num_workers=2, window=None, seed=5,

@@ -13,13 +13,15 @@ import shutil
 import statistics
 import subprocess
 import threading
+import time
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
 from medload.config import affinity_cores
 
-__all__ = ["peak_pss", "tree_pss_mb", "spread", "machine", "tree_bytes"]
+__all__ = ["peak_pss", "tree_pss_mb", "spread", "machine", "tree_bytes", "tree_read_bytes", "data_files",
+           "evict_page_cache", "read_files", "OtherLoad", "BUSY_SHARE", "load_note"]
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -91,6 +93,118 @@ class peak_pss:  # noqa: N801 - used like a function
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+# ---- disk reads and the page cache ---------------------------------------------------------------
+def _read_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def tree_read_bytes() -> int:
+    """Bytes this process and its descendants have had read from storage (``read_bytes`` of
+    ``/proc/<pid>/io``: reads the page cache could not serve, readahead included), counting children
+    that have ended (``getrusage(RUSAGE_CHILDREN).ru_inblock``, in 512-byte blocks)."""
+    import resource
+
+    ended = resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock * 512
+    return ended + sum(_read_bytes(p) for p in _tree(os.getpid()))
+
+
+def data_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """The files under ``paths`` (files or folders; links to files included)."""
+    out: list[Path] = []
+    for top in map(Path, paths):
+        out.extend(sorted(p for p in top.rglob("*") if p.is_file()) if top.is_dir() else [top] if top.is_file() else [])
+    return out
+
+
+def evict_page_cache(files: Sequence[Path]) -> None:
+    """Drop these files' pages from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``), as if the
+    machine had not read them since boot. Pages some process has mapped stay (the kernel cannot drop a
+    mapped page), and so do dirty ones: call ``os.sync()`` once after writing the files."""
+    for path in files:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def read_files(files: Sequence[Path]) -> None:
+    """Read these files once, so that they are in the page cache."""
+    for path in files:
+        with open(path, "rb") as f:
+            while f.read(1 << 22):
+                pass
+
+
+def _busy_ticks() -> int:
+    """CPU time the whole machine has spent busy since boot, in clock ticks (``/proc/stat``)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle, iowait
+    return sum(fields[:8]) - idle
+
+
+def _tree_ticks() -> int:
+    """CPU time of this process's tree, ended children included (utime, stime, cutime, cstime)."""
+    total = 0
+    for pid in _tree(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+class OtherLoad:
+    """``with OtherLoad() as watch:`` measures the share of the machine's CPU time that processes *other*
+    than this one and its descendants used meanwhile (``watch.share``, 0..1): a benchmark's own work
+    never counts against it, as it would in the load average."""
+
+    def __init__(self) -> None:
+        self.share: float | None = None
+
+    def __enter__(self) -> OtherLoad:
+        try:
+            self._start = (time.monotonic(), _busy_ticks(), _tree_ticks())
+        except OSError:
+            self._start = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._start is None:
+            return
+        t0, busy0, ours0 = self._start
+        elapsed = time.monotonic() - t0
+        others = (_busy_ticks() - busy0) - (_tree_ticks() - ours0)
+        capacity = elapsed * affinity_cores() * os.sysconf("SC_CLK_TCK")
+        self.share = max(0.0, others / capacity) if capacity > 0 else None
+
+
+BUSY_SHARE = 0.25
+"""Other processes using more than this share of the CPUs during a section make its figures suspect."""
+
+
+def load_note(section: str, share: float | None) -> str | None:
+    """A warning when other processes used more than :data:`BUSY_SHARE` of the CPUs during ``section``:
+    its figures are then low, and a target may fail for that reason alone; None on a quiet machine."""
+    if share is None or share <= BUSY_SHARE:
+        return None
+    return (f"{section}: other processes used {100 * share:.0f}% of the CPUs meanwhile; its figures are low and a "
+            "target may fail for that reason alone: run the benchmark again on a quiet machine")
 
 
 # ---- the machine ---------------------------------------------------------------------------------

@@ -132,20 +132,24 @@ class Settings:
 
 
 SERVER_MODULES = {"base": ["medload.bench.loading"],
+                  "medload": ["medload.bench.loading", "medload.bench.counted"],
                   "monai": ["medload.bench.loading", "medload.bench.counted", "medload.bench.monai_peers"]}
-"""What each fork server imports: contenders that need neither MONAI nor medload.data run from ``base``."""
+"""What each fork server imports: a contender's server has imported what it needs and nothing more
+(medload.data does not import MONAI), so no contender's memory holds another's libraries."""
 BASE_CONTENDERS = ("npy_memmap", "ceiling_float32", "ceiling_int16")
 
 
 def server_group(name: str) -> str:
-    return "base" if name in BASE_CONTENDERS else "monai"
+    return "base" if name in BASE_CONTENDERS else "medload" if name in (*MEDLOAD, *INT16) else "monai"
 
 
 class Servers:
     """The fork servers of a benchmark, at most one alive at a time (two would share library pages and
-    lower each other's PSS); :meth:`get` starts the one a contender needs, closing the other."""
+    lower each other's PSS); :meth:`get` starts the one a contender needs, closing the other.
+    ``modules``: what each group's server imports (default :data:`SERVER_MODULES`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, modules: dict[str, list[str]] | None = None) -> None:
+        self.modules = SERVER_MODULES if modules is None else modules
         self.group: str | None = None
         self.server = None
 
@@ -154,7 +158,7 @@ class Servers:
 
         if group != self.group or self.server is None or self.server.proc.poll() is not None:
             self.close()
-            self.server, self.group = ForkServer(SERVER_MODULES[group]), group
+            self.server, self.group = ForkServer(self.modules[group]), group
         return self.server
 
     def close(self) -> None:

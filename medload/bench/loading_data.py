@@ -56,6 +56,8 @@ class Prepared:
     monai_note: str | None = None
     note: str | None = None
     truth: list[np.ndarray] | None = field(default=None, repr=False)
+    formats: dict[str, str] = field(default_factory=dict)
+    """Folders of the same series in other formats (``"zarr"``, ``"hdf5"``, ``"nnunet"``: the scale section)."""
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -69,7 +71,7 @@ class Prepared:
 
     def save(self, path: Path) -> None:
         doc = {k: getattr(self, k) for k in ("root", "store", "store_u8", "rows", "cols", "depth", "kind",
-                                            "monai_note", "note")}
+                                            "monai_note", "note", "formats")}
         doc.update(series=[asdict(s) for s in self.series], series_index=self.series_index.tolist(),
                    z0=self.z0.tolist())
         path.write_text(json.dumps(doc))
@@ -105,11 +107,12 @@ def prepare(root: str | os.PathLike, *, series: int, slices: int, samples: int, 
                         generated=generated)
 
 
-def ingest_into(sources: Sequence[Path], store: Path, key_file: Path, windows: tuple[str, ...] = ()) -> None:
+def ingest_into(sources: Sequence[Path], store: Path, key_file: Path, windows: tuple[str, ...] = (),
+                workers: int = 1) -> None:
     from medload.config import IngestConfig
     from medload.ingest import ingest
 
-    ingest([str(s) for s in sources], store, config=IngestConfig(workers=1, windows=windows), key_file=key_file)
+    ingest([str(s) for s in sources], store, config=IngestConfig(workers=workers, windows=windows), key_file=key_file)
 
 
 def _match_generated(records: list, generated: list) -> dict[str, int]:
@@ -280,11 +283,8 @@ def prepare_from(root: str | os.PathLike, sources: Sequence[str | os.PathLike], 
 
 def warm_page_cache(prep: Prepared) -> None:
     """Read every file a contender may read, so each run starts with the data in the page cache."""
-    paths = [Path(prep.store)] + ([Path(prep.store_u8)] if prep.store_u8 else [])
-    paths += [Path(s.npy) for s in prep.series if s.npy] + [Path(s.dicom_dir) for s in prep.series if s.dicom_dir]
-    for top in paths:
-        for path in sorted(top.rglob("*")) if top.is_dir() else [top]:
-            if path.is_file():
-                with open(path, "rb") as f:
-                    while f.read(1 << 22):
-                        pass
+    from medload.bench.common import data_files, read_files
+
+    paths = [prep.store] + ([prep.store_u8] if prep.store_u8 else [])
+    paths += [s.npy for s in prep.series if s.npy] + [s.dicom_dir for s in prep.series if s.dicom_dir]
+    read_files(data_files(paths))

@@ -15,8 +15,6 @@ __all__ = ["TableSpec", "section_tables", "print_tables", "readme_tables", "plot
            "fmt_ratio", "fmt_int", "fmt_pct", "fmt_s"]
 
 KIND_LABEL = {"2.5d": "2.5D", "3d": "3D"}
-PSS_TARGET_MB = 1000.0
-"""The memory target of the medload loader: peak PSS <= 1 GB with 2 workers and a 256 MB L1."""
 
 
 # ---- number formats (the test suite checks printed figures with these) ------------------------------
@@ -244,12 +242,20 @@ def section_tables(results: dict) -> list[TableSpec]:
         out.append(ratio)
     if "scaling" in results:
         out.append(_scaling_table(results["scaling"]))
+    from medload.bench.scale_report import scale_tables
+
+    out += scale_tables(results)
     if results.get("speed_targets"):
         out.append(_speed_table(results["speed_targets"]))
     if results.get("targets"):
         out.append(_targets_table(results["targets"]))
     if "gpu" in results:
         out.append(_gpu_table(results["gpu"]))
+    busy = results.get("busy") or []
+    for t in out:
+        if busy and any(row[-1] == "NO" for row in t.rows) and t.columns[-1] == "met":
+            t.rows = [row[:-1] + ["NO (busy machine)"] if row[-1] == "NO" else row for row in t.rows]
+            t.notes += busy
     return out
 
 
@@ -311,7 +317,13 @@ def plot(results: dict, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     secs = [s for s in (results.get("loading") or {}).values() if s.get("status") == "ok"]
-    fig, axes = plt.subplots(1, max(1, len(secs)), figsize=(7 * max(1, len(secs)), 5), squeeze=False)
+    scale = results.get("scale") if (results.get("scale") or {}).get("status") == "ok" else None
+    panels = len(secs) + (scale is not None)
+    fig, axes = plt.subplots(1, max(1, panels), figsize=(7 * max(1, panels), 5), squeeze=False)
+    if scale is not None:
+        from medload.bench.scale_report import plot_scale
+
+        plot_scale(scale, axes[0][len(secs)])
     names = list(dict.fromkeys(r["contender"] for s in secs for r in s["rows"]))
     colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
     for ax, sec in zip(axes[0], secs):

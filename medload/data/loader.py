@@ -17,9 +17,10 @@ On the 2-core VM, alternating runs of the two versions (``benchmarks/compare_rev
 --repeats 5``): 2.5D batches of 8 x 3 x 512 x 512, 1,600-2,060 -> 2,280-2,780 samples/s (1.95-2.49x ->
 2.86-3.32x the npy memmap loader); 3D slabs of 32 x 256 x 256, 760-810 -> 880-920.
 
-A slot is reused ``slots`` batches later. The DataLoader dispatches at most ``num_workers *
-prefetch_factor`` batches ahead of the one being consumed, and a slot is read only until its batch is
-on the device, so ``slots = num_workers * prefetch_factor + 2`` never overwrites a batch in use.
+A slot is reused ``slots`` batches later. When torch's DataLoader hands out batch n it dispatches batch
+n + num_workers * prefetch_factor (never further ahead), while the trainer copies batch n off its slot
+having finished with batch n - 1; so ``slots = num_workers * prefetch_factor + 1`` never overwrites a
+batch in use (the new batch takes batch n - 1's slot). A 2.5D int16 slot of 8 x 3 x 512 x 512 is 12.6 MB.
 """
 
 from __future__ import annotations
@@ -263,8 +264,9 @@ def _intra_op_threads(threads: int | None) -> Iterator[None]:
 
 
 def slot_count(num_workers: int, prefetch_factor: int) -> int:
-    """Slots of the shared batch buffer: every batch the DataLoader may have in flight, plus two."""
-    return num_workers * prefetch_factor + 2 if num_workers else 1
+    """Slots of the shared batch buffer: every batch the DataLoader may have in flight, plus the one the
+    trainer is copying (see the module docstring)."""
+    return num_workers * prefetch_factor + 1 if num_workers else 1
 
 
 class DeviceLoader:
@@ -335,6 +337,9 @@ class DeviceLoader:
                 yield out
             finally:  # also when the caller stops early (the generator is closed at its yield)
                 mark("step")
+            # hold no reference to the batch just handed out: once the caller drops it, its buffer is free
+            # for the next (medload.data.loader._Recycler)
+            out = image = label = meta = None
 
     def _transfer(self, host: torch.Tensor) -> torch.Tensor:
         """The slot's array on the device, in its stored dtype (int16/uint8), no longer using the slot."""

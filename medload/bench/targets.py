@@ -1,0 +1,83 @@
+"""The targets a ``medload bench`` run is held to, each read from the run's own rows: memory, loading speed
+(data that fit in the L1), and loading at scale (a store far larger than the L1, page cache warm and
+cold). A target whose row is missing has ``met`` None; a run on a busy machine says so
+(:func:`~medload.bench.common.load_note`), since a NO may then be the load's doing.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PSS_TARGET_MB", "SPEED_TARGETS", "SCALE_TARGETS", "DISK_TARGET", "memory_targets", "speed_targets",
+           "scale_targets"]
+
+PSS_TARGET_MB = 1000.0
+"""The memory target of the medload loader: peak PSS <= 1 GB with 2 workers and a 256 MB L1."""
+
+#: The loader's speed targets on 2.5D batches (8 x 3 x 512 x 512 in the full run), each read from one row
+#: of the run: (contender, num_workers, field of the row, at least, what the field measures).
+SPEED_TARGETS = (
+    ("medload", 0, "x_npy_memmap", 2.5, "x npy memmap loader"),
+    ("medload", 2, "x_npy_memmap", 3.0, "x npy memmap loader"),
+    ("medload", 0, "pct_of_ceiling", 70.0, "% of ceiling_float32 (1 thread)"),
+    ("medload", 2, "pct_of_ceiling", 70.0, "% of ceiling_float32 (2 threads)"),
+    ("medload_int16", 0, "pct_of_ceiling", 70.0, "% of ceiling_int16 (1 thread): int16 passthrough"),
+    ("medload_int16", 2, "pct_of_ceiling", 70.0, "% of ceiling_int16 (2 threads): int16 passthrough"),
+)
+
+#: At scale: (page cache mode, num_workers, at least this many times the fastest peer's samples/s)
+SCALE_TARGETS = (("cold", 0, 1.5), ("cold", 2, 1.5), ("warm", 0, 1.0), ("warm", 2, 1.5))
+DISK_TARGET = 1.2
+"""Bytes read from disk per cold sample, at most this many times the compressed bytes of its slices."""
+
+
+def _pss(run: str, r: dict) -> dict:
+    return {"run": run, "peak_pss_mb": r["peak_pss_mb"], "target_mb": PSS_TARGET_MB,
+            "met": r["peak_pss_mb"] <= PSS_TARGET_MB}
+
+
+def memory_targets(results: dict) -> list[dict]:
+    """Peak PSS of every medload run with 2 workers (loading, scaling and scale sections)."""
+    out = []
+    for sec in (results.get("loading") or {}).values():
+        for r in sec.get("rows", []):
+            if r["contender"] in sec.get("medload", ()) and r.get("num_workers") == 2 and r["status"] == "ok":
+                out.append(_pss(f"{sec['kind']} {r['contender']}, 2 workers (fits in L1)", r))
+    sc = results.get("scaling") or {}
+    if sc.get("num_workers") == 2:
+        out += [_pss(f"scaling, {r['series']} series, 2 workers", r) for r in sc.get("rows", [])
+                if r.get("status") == "ok"]
+    for r in (results.get("scale") or {}).get("rows", []):
+        if r["contender"] == "medload" and r["num_workers"] == 2 and r["status"] == "ok":
+            out.append(_pss(f"at scale, page cache {r['mode']}, 2 workers", r))
+    return out
+
+
+def speed_targets(results: dict) -> list[dict]:
+    """:data:`SPEED_TARGETS` against the 2.5D rows of this run."""
+    sec = (results.get("loading") or {}).get("2.5d") or {}
+    rows = {(r["contender"], r["num_workers"]): r for r in sec.get("rows", []) if r.get("threads") is None}
+    out = []
+    for name, workers, field, least, measure in SPEED_TARGETS:
+        value = (rows.get((name, workers)) or {}).get(field)
+        out.append({"run": f"2.5d {name}, {workers} workers, on {sec.get('device', '?')}", "field": field,
+                    "measure": measure, "value": value, "target": least,
+                    "met": None if value is None else value >= least})
+    return out
+
+
+def scale_targets(sec: dict) -> list[dict]:
+    """:data:`SCALE_TARGETS` and :data:`DISK_TARGET` against the medload rows of the scale section."""
+    rows = {(r["contender"], r["num_workers"], r["mode"]): r for r in sec.get("rows", [])}
+    out = []
+    for mode, workers, least in SCALE_TARGETS:
+        r = rows.get(("medload", workers, mode)) or {}
+        value = r.get("x_best_peer")
+        out.append({"run": f"at scale, page cache {mode}, {workers} workers", "field": "x_best_peer",
+                    "measure": "x the fastest peer" + (f" ({r['best_peer']})" if r.get("best_peer") else ""),
+                    "value": value, "target": least, "met": None if value is None else value >= least})
+    for workers in sorted({w for _, w, m in rows if m == "cold"}):
+        r = rows.get(("medload", workers, "cold")) or {}
+        ratio = r["mb_per_sample"] / sec["sample_mb"] if r.get("mb_per_sample") is not None else None
+        out.append({"run": f"at scale, page cache cold, {workers} workers", "field": "x_compressed",
+                    "measure": "bytes read from disk per sample / stored bytes of its slices", "value": ratio,
+                    "target": DISK_TARGET, "met": None if ratio is None else ratio <= DISK_TARGET, "at_most": True})
+    return out
