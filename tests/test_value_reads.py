@@ -341,3 +341,27 @@ def test_a_random_epoch_over_a_large_store_leaves_the_l1_be():
     small = np.tile(np.arange(80), 5)  # data that fit: every read from the second pass on is a hit
     hits, _ = _replay(SliceLRU(100 * 100), small, admission=True)
     assert hits == 80 * 4
+
+
+class _BudgetOf(SliceDataset):
+    """Records, in a shared tensor, the L1 budget each DataLoader worker reads with."""
+
+    def read_batch(self, indices, image, label) -> None:
+        from medload.cache import lru
+
+        super().read_batch(indices, image, label)
+        info = torch.utils.data.get_worker_info()
+        self.budgets[info.id] = lru._shared.budget
+
+
+@pytest.mark.parametrize("l1,shared", [("100kB", True), ("64MB", False)])
+def test_workers_share_the_l1_budget_only_when_the_data_dwarf_it(big_store, l1, shared):
+    """1.5 MB of 256 x 256 slices: more than 8 times a 100 kB L1 (each of 2 workers keeps half), well
+    within a 64 MB one (each keeps it all)."""
+    store = open_store(big_store, cache=l1)
+    ds = _BudgetOf(store, context=1)
+    ds.budgets = torch.zeros(2, dtype=torch.int64).share_memory_()
+    for _ in make_loader(ds, batch_size=2, num_workers=2):
+        pass
+    whole = store.cache.l1_bytes
+    assert ds.budgets.tolist() == [whole // 2 if shared else whole] * 2

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from cachetools import LRUCache
 
-__all__ = ["SliceLRU", "LRUStats", "shared_lru"]
+__all__ = ["SliceLRU", "LRUStats", "shared_lru", "cap_shared"]
 
 CacheKey = tuple[str, bytes, bytes]
 
@@ -127,6 +127,15 @@ def shared_lru(budget: int) -> SliceLRU:
         if _shared is None or _shared.budget < budget:
             _shared = SliceLRU(budget)
         return _shared
+
+
+def cap_shared(budget: int) -> None:
+    """Make this process's L1 at most ``budget`` bytes, dropping what it holds if it was larger (a
+    DataLoader worker taking its share of the loader's budget, before it reads)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared.budget > budget:
+            _shared = SliceLRU(budget)
 
 
 def _forget_after_fork() -> None:
