@@ -364,4 +364,7 @@ def test_workers_share_the_l1_budget_only_when_the_data_dwarf_it(big_store, l1, 
     for _ in make_loader(ds, batch_size=2, num_workers=2):
         pass
     whole = store.cache.l1_bytes
-    assert ds.budgets.tolist() == [whole // 2 if shared else whole] * 2
+    if shared:
+        assert ds.budgets.tolist() == [whole // 2] * 2
+    else:  # a whole L1 each (or a larger one: a process's L1 has the largest budget any of its Stores asked for)
+        assert min(ds.budgets.tolist()) >= whole
