@@ -236,13 +236,14 @@ def test_prefetch_has_the_kernel_read_the_slices_but_not_those_the_l1_holds(big_
     assert float(held) < 0.5 and float(others) < 0.5
 
 
-def test_each_batch_carries_the_batch_its_reader_reads_next():
-    sampler = _SlotBatchSampler(range(20), 3, False, slots=4, buckets=np.zeros(20, np.int64), lookahead=2)
+def test_each_batch_carries_the_batches_its_reader_reads_next():
+    sampler = _SlotBatchSampler(range(20), 3, False, slots=4, buckets=np.zeros(20, np.int64), lookahead=2, depth=2)
     batches = list(sampler)
     assert [list(b) for b in batches] == [list(range(i, min(i + 3, 20))) for i in range(0, 20, 3)]
     assert [b.slot for b in batches] == [n % 4 for n in range(len(batches))]
-    for n, b in enumerate(batches):
-        assert b.ahead == (list(batches[n + 2]) if n + 2 < len(batches) else None)
+    assert [b.number for b in batches] == list(range(len(batches)))
+    for n, b in enumerate(batches):  # this reader's next two: n + 2 and n + 4
+        assert b.ahead == [(m, list(batches[m])) for m in (n + 2, n + 4) if m < len(batches)]
 
 
 class _WhoReads(torch.utils.data.Dataset):
@@ -251,12 +252,13 @@ class _WhoReads(torch.utils.data.Dataset):
 
     def __getitems__(self, batch):
         info = torch.utils.data.get_worker_info()
-        return {"worker": info.id if info else None, "batch": list(batch), "ahead": batch.ahead}
+        return {"worker": info.id if info else None, "batch": list(batch),
+                "ahead": batch.ahead[0][1] if batch.ahead else None}
 
 
 def test_with_workers_ahead_is_the_next_batch_of_the_same_worker():
     """torch's DataLoader hands batch n to worker n % num_workers: what the read-ahead relies on."""
-    sampler = _SlotBatchSampler(range(40), 4, False, slots=6, buckets=np.zeros(40, np.int64), lookahead=2)
+    sampler = _SlotBatchSampler(range(40), 4, False, slots=6, buckets=np.zeros(40, np.int64), lookahead=2, depth=1)
     loader = torch.utils.data.DataLoader(_WhoReads(), batch_sampler=sampler, num_workers=2, collate_fn=lambda b: b)
     seen = list(loader)
     for worker in (0, 1):
@@ -275,16 +277,25 @@ class _Recorder:
             raise RuntimeError("damaged shard")
 
 
+def _batch(number: int, indices, ahead=()):
+    from medload.data.loader import _Batch
+
+    return _Batch(list(indices), 0, number, list(ahead))
+
+
 def test_read_ahead_announces_each_batch_once_and_never_raises():
-    ds, ahead = _Recorder(), ReadAhead()
-    ahead.before(ds, [1, 2], [3, 4])
-    ahead._pool.shutdown(wait=True)
-    assert ds.calls == [[1, 2], [3, 4]]  # the first batch now, the next in the background
-    ahead._pool = type(ahead._pool)(max_workers=1)
-    ahead.before(ds, [3, 4], None)       # announced already: not again
-    ahead._pool.shutdown(wait=True)
-    assert ds.calls == [[1, 2], [3, 4]]
-    ReadAhead().before(_Recorder(fail=True), [5], [6])  # a failing hint is only logged
+    ds, reader = _Recorder(), ReadAhead()
+    reader.before(ds, _batch(0, [1, 2], [(1, [3, 4]), (2, [5, 6])]))
+    reader._pool.shutdown(wait=True)
+    assert ds.calls == [[1, 2], [3, 4], [5, 6]]  # the first batch now, the next two in the background
+    reader._pool = type(reader._pool)(max_workers=1)
+    reader.before(ds, _batch(1, [3, 4], [(2, [5, 6]), (3, [7, 8])]))  # 1 and 2 announced already
+    reader._pool.shutdown(wait=True)
+    assert ds.calls == [[1, 2], [3, 4], [5, 6], [7, 8]]
+    reader._pool = type(reader._pool)(max_workers=1)
+    reader.before(ds, _batch(0, [1, 2]))  # a new epoch: batch 0 again, announced again
+    assert ds.calls[-1] == [1, 2]
+    ReadAhead().before(_Recorder(fail=True), _batch(0, [5], [(1, [6])]))  # a failing hint is only logged
 
 
 def test_loader_reads_ahead_and_gives_the_same_batches(big_store):

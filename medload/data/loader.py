@@ -42,37 +42,56 @@ __all__ = ["make_loader", "DeviceLoader"]
 
 
 class _Batch(list):
-    """The sample indices of one batch, the buffer slot its arrays go into, and the indices of the
-    batch the same reader will read after it (``ahead``), whose slices it has the disk fetch meanwhile."""
+    """The sample indices of one batch, the buffer slot its arrays go into, its number in the epoch, and
+    ``ahead``: ``(number, indices)`` of the batches the same reader reads after it, whose slices it has
+    the disk fetch meanwhile."""
 
-    def __init__(self, indices: list[int], slot: int, ahead: list[int] | None = None) -> None:
+    def __init__(self, indices: list[int], slot: int, number: int = 0,
+                 ahead: list[tuple[int, list[int]]] | None = None) -> None:
         super().__init__(indices)
-        self.slot, self.ahead = slot, ahead
+        self.slot, self.number, self.ahead = slot, number, ahead or []
+
+
+#: Batches of its own a reader has the disk fetch ahead of the one it decodes. One keeps a fast disk
+#: busy; a slow or jittery one (a network volume, a shared VM disk) needs more in flight. On the 2-core
+#: VM's disk, cold page cache, 1, 3 and 6 measured alike (alternating runs at 0 and 2 workers, 237-458
+#: samples/s, noise larger than any difference), but two full benchmark runs of one code gave the
+#: 0-worker cold row 310 and 117 samples/s: 2 keeps twice the reads in flight for such a disk. Costs page
+#: cache only (not the process's memory): about 6 MB per 2.5D batch of 8 x 3 x 512 x 512.
+READ_AHEAD_BATCHES = 2
 
 
 class _SlotBatchSampler(torch.utils.data.Sampler):
     """Groups a sampler's indices into batches of one matrix size (:mod:`medload.data.buckets`), gives
-    each batch the next slot, round robin, and the indices of the batch ``lookahead`` places later.
+    each batch the next slot, round robin, and the indices of the ``depth`` batches its reader reads next.
 
     torch's DataLoader hands batch n to worker ``n % num_workers``, so with ``lookahead = num_workers``
-    (1 without workers) ``ahead`` is the next batch of the process that reads this one: while it decodes
-    batch n, the disk reads batch n + lookahead (:meth:`medload.Store.prefetch`)."""
+    (1 without workers) batches n + lookahead, n + 2 * lookahead ... are the next ones of the process that
+    reads batch n: while it decodes batch n, the disk reads them (:meth:`medload.Store.prefetch`)."""
 
-    def __init__(self, sampler, batch_size: int, drop_last: bool, slots: int, buckets, lookahead: int = 1) -> None:
+    def __init__(self, sampler, batch_size: int, drop_last: bool, slots: int, buckets, lookahead: int = 1,
+                 depth: int | None = None) -> None:
         self.batches, self.slots = ShapeBucketBatchSampler(sampler, buckets, batch_size, drop_last), slots
-        self.lookahead = lookahead
+        self.lookahead, self.depth = lookahead, READ_AHEAD_BATCHES if depth is None else depth
 
     def __iter__(self) -> Iterator[_Batch]:
         pending: deque[list[int]] = deque()
+        reach = self.lookahead * self.depth
         n = 0
+
+        def emit() -> _Batch:
+            nonlocal n
+            ahead = [(n + k, pending[k]) for k in range(self.lookahead, reach + 1, self.lookahead) if k < len(pending)]
+            batch = _Batch(pending.popleft(), n % self.slots, n, ahead)
+            n += 1
+            return batch
+
         for batch in self.batches:
             pending.append(batch)
-            if len(pending) > self.lookahead:
-                yield _Batch(pending.popleft(), n % self.slots, pending[-1])
-                n += 1
+            if len(pending) > reach:
+                yield emit()
         while pending:
-            yield _Batch(pending.popleft(), n % self.slots)
-            n += 1
+            yield emit()
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -141,7 +160,7 @@ class _SlotDataset(torch.utils.data.Dataset):
 
         First the disk is asked, from a background thread, for the slices of the batch this process
         reads next, so that their reads overlap this batch's decoding (:mod:`medload.data.readahead`)."""
-        self.readahead.before(self.dataset, batch, batch.ahead)
+        self.readahead.before(self.dataset, batch)
         image_shape, label_shape = self.dataset.batch_shapes(batch)
         image, label = _views(self.buffers[batch.slot].numpy(), image_shape, self.dataset.dtype, label_shape,
                               self.dataset.label_dtype)
