@@ -82,11 +82,11 @@ def stages(src: Path, tuned: bool) -> dict:
 def loader(store: Path, recycle: bool) -> dict:
     """Child: three epochs of the CPU loader; samples/s per epoch, heap and PSS at the end."""
     from medload.data import SliceDataset, make_loader
-    from medload.data import loader as loader_module
+    from medload.data import buffers
     from medload.storage.store import open_store
 
     if not recycle:  # what every batch would cost without the recycler: a fresh float tensor
-        loader_module._Recycler.empty = lambda self, shape, dtype: loader_module.torch.empty(shape, dtype=dtype)
+        buffers.Recycler.empty = lambda self, shape, dtype: buffers.torch.empty(shape, dtype=dtype)
     ds = SliceDataset(open_store(store, cache="2GB"), context=1)
     batches = make_loader(ds, batch_size=8, num_workers=0, window="soft_tissue")
     rates = []

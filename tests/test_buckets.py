@@ -52,12 +52,12 @@ def test_buckets_follow_the_series_matrix_sizes(store):
     assert buckets.shape == (len(ds),) == (45,)
     assert {_size_of(ds, i): int(b) for i, b in enumerate(buckets.tolist())} == {SIZES[0]: 0, SIZES[1]: 1}
     with pytest.raises(ConfigError, match="mixes matrix sizes"):  # direct batch reads still refuse a mix
-        ds.__getitems__(list(range(len(ds))))
+        ds.read_samples(list(range(len(ds))))
 
 
 def test_mixed_sizes_load_one_shape_per_batch_every_sample_once(store):
     ds = SliceDataset(store, context=1)
-    loader = make_loader(ds, batch_size=4, num_workers=0, seed=3)  # torch's RandomSampler: no set_epoch
+    loader = make_loader(ds, batch_size=4, num_workers=0, shuffle=True, seed=3)  # torch's RandomSampler: no set_epoch
     epochs = []
     for _ in range(2):
         expected = len(loader)
@@ -96,7 +96,7 @@ def test_a_few_training_steps_on_mixed_sizes(store):
     before = [p.detach().clone() for p in model.parameters()]
     optimiser = torch.optim.SGD(model.parameters(), lr=1e-2)
     shapes, losses = set(), []
-    for step, batch in enumerate(make_loader(ds, batch_size=4, window="soft_tissue", seed=0)):
+    for step, batch in enumerate(make_loader(ds, batch_size=4, window="soft_tissue", shuffle=True, seed=0)):
         image = batch["image"]
         loss = torch.nn.functional.mse_loss(model(image), image[:, 1:2])
         optimiser.zero_grad()

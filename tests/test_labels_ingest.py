@@ -166,7 +166,7 @@ def test_labels_ride_with_their_images_whether_batches_are_cast_as_read_or_slott
     ingest(src, tmp_path / "s", config=CFG)
     store = open_store(tmp_path / "s")
     for ds in (SliceDataset(store, context=1, labels=True), SlabDataset(store, depth=3, stride=2, labels=True)):
-        runs = [list(make_loader(ds, batch_size=2, num_workers=w, device=device, window="soft_tissue", seed=1,
+        runs = [list(make_loader(ds, batch_size=2, num_workers=w, device=device, window="soft_tissue", shuffle=True, seed=1,
                                  multiprocessing_context=mp.get_context("fork") if w else None))
                 for w in (0, 1)]  # on the CPU, 0: cast as read, labels through the slot; 1: all through it
         assert len(runs[0]) == len(runs[1]) > 1

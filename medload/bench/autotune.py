@@ -41,7 +41,7 @@ def _child(spec: dict) -> dict:
     keep_large_buffers_in_heap()  # as in the medload command: the same allocator for every setting
     dataset = SliceDataset(open_store(spec["store"]), context=spec["context"])
     t0 = perf_counter()
-    loader = make_loader(dataset, spec["batch_size"], spec["num_workers"], spec["device"], window="soft_tissue",
+    loader = make_loader(dataset, spec["batch_size"], spec["num_workers"], spec["device"], window="soft_tissue", shuffle=True,
                          prefetch_factor=spec["prefetch_factor"], drop_last=True)
     tune_s = perf_counter() - t0 if spec["num_workers"] == "auto" else None
     warmup = len(loader) if spec["warmup"] is None else spec["warmup"]

@@ -1,17 +1,24 @@
 """Training datasets over a store: 2.5D slice stacks and 3D slabs.
 
-Items follow the store's axes: a 2.5D item is ``(2k+1, rows, columns)`` -- slice z and k neighbours
-on each side as channels -- and a 3D item ``(1, slices, rows, columns)``. Each item's affine (a MONAI
-MetaTensor in :meth:`__getitem__`, or :meth:`item_affine`) maps *its own* array indices to RAS mm, so
-a prediction can be put back where it belongs; it is the series affine (which is indexed
-``(column, row, slice)``, like the NIfTI export) with its axes permuted and its origin moved.
+Both are map-style torch datasets: ``ds[i]`` is one sample, a dict with the schema every route shares
+(this one, :func:`~medload.data.make_loader`'s batches and ``Store.items`` through MONAI's
+``LoadImaged(reader=MedloadReader())``):
+
+- ``image``: a MONAI ``MetaTensor`` as stored (int16 HU, or uint8 for a stored ``plane=``); 2.5D
+  ``(2k+1, rows, columns)`` -- slice z and k neighbours on each side as channels -- or 3D
+  ``(1, depth, rows, columns)``. Its affine maps its own indices to RAS mm
+  (:mod:`medload.data.layout`), so a prediction can be put back where it belongs.
+- ``label`` (when the dataset has labels): the same affine, 2.5D ``(1, rows, columns)`` (the centre
+  slice's label), 3D ``(1, depth, rows, columns)``.
+- ``key``: the series key; ``z``: the sample's slice -- the centre slice of a 2.5D stack, the first slice
+  of a 3D slab; ``index``: ``i``.
+
+So ``torch.utils.data.DataLoader(ds, batch_size=4)`` and ``monai.data.DataLoader`` work as with any
+dataset. The fast loader does not go through ``ds[i]``: it reads whole batches straight into shared
+int16 buffers (:meth:`read_batch`) and windows them on the training device (:mod:`medload.data.loader`).
 
 Edge policy (2.5D): near the first and last slice, missing neighbours *replicate* the edge slice, so
 every slice of a series is a sample and the stack always has 2k+1 channels.
-
-``__getitems__`` (which torch's DataLoader calls with a whole batch of indices) reads a batch
-straight into one int16 (or uint8) array: one array per batch crosses from a worker to the trainer,
-and windowing to float happens on the training device (see :mod:`medload.data.loader`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import torch
 
 from medload import windows as win
 from medload.data.index import SampleIndex, select_series, slab_index, slice_index
+from medload.data.layout import sample_affine
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
 from medload.storage.shard import LABELS
@@ -35,6 +43,8 @@ __all__ = ["SliceDataset", "SlabDataset"]
 class _StoreDataset(torch.utils.data.Dataset):
     """What 2.5D and 3D datasets share: the store, the sample index, planes and labels."""
 
+    spatial_dims: int  # of a sample: 2 (2.5D stacks) or 3 (slabs)
+
     def __init__(self, store: Store, records: list[SeriesRecord], index: SampleIndex, *, plane: str | None,
                  labels: bool | None) -> None:
         if not records:
@@ -44,6 +54,10 @@ class _StoreDataset(torch.utils.data.Dataset):
         if labels is True and missing:
             raise ConfigError(f"{missing} of {len(records)} series have no labels; "
                               "filter them out (keys=...) or ingest their labels")
+        if labels is None and missing and missing < len(records):
+            warnings.warn(f"{missing} of {len(records)} series of {store.path} have no labels, so the dataset has "
+                          "none: pass labels=True after filtering those series out (keys=...), or labels=False "
+                          "to silence this", UserWarning, stacklevel=3)
         self.store = store
         self.index = index
         self.plane = None if plane is None else win.get(plane).name
@@ -152,8 +166,9 @@ class _StoreDataset(torch.utils.data.Dataset):
             rec, z = self._sample(i)
             self._read_label(rec, z, z + depth, label[b].reshape(depth, *label.shape[-2:]))
 
-    def __getitems__(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
-        """A whole batch as one image array (and one label array); torch's DataLoader calls this."""
+    def read_samples(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        """Samples ``indices`` read as one batch: ``image`` (B, *item shape) in the stored dtype,
+        ``label`` (B, 1, ...) when the dataset has labels, ``index`` (B,)."""
         image_shape, label_shape = self.batch_shapes(indices)
         image = np.empty(image_shape, dtype=self.dtype)
         label = None if label_shape is None else np.empty(label_shape, dtype=self.label_dtype)
@@ -163,14 +178,30 @@ class _StoreDataset(torch.utils.data.Dataset):
             out["label"] = label
         return out
 
+    def item_affine(self, i: int) -> np.ndarray:
+        """The affine of sample ``i``: its array indices to RAS mm (:mod:`medload.data.layout`)."""
+        return sample_affine(self._affines[self.index.series[i]], int(self.index.z[i]), self.spatial_dims)
+
+    def sample_meta(self, i: int) -> dict:
+        """What sample ``i``'s MetaTensors carry besides the affine: the series key and slice, and a
+        ``filename_or_obj`` naming both, which MONAI's ``SaveImaged`` uses to name its output."""
+        rec, z = self._sample(i)
+        return {"medload_key": rec.key, "medload_z": z, "filename_or_obj": f"{rec.key}_z{z:04d}"}
+
     def __getitem__(self, i: int) -> dict:
         from monai.data import MetaTensor
 
-        batch = self.__getitems__([i])
-        out = {"image": MetaTensor(torch.from_numpy(batch["image"][0]), affine=torch.from_numpy(self.item_affine(i))),
-               "key": self._sample(i)[0].key, "z": self._sample(i)[1]}
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"sample {i} of a dataset of {len(self)}")
+        i = int(i) % len(self)
+        batch = self.read_samples([i])
+        rec, z = self._sample(i)
+        affine = torch.from_numpy(self.item_affine(i))
+        meta = self.sample_meta(i)
+        out = {"image": MetaTensor(torch.from_numpy(batch["image"][0]), affine=affine, meta=dict(meta))}
         if self.labels:
-            out["label"] = MetaTensor(torch.from_numpy(batch["label"][0]), affine=torch.from_numpy(self.item_affine(i)))
+            out["label"] = MetaTensor(torch.from_numpy(batch["label"][0]), affine=affine.clone(), meta=dict(meta))
+        out.update(key=rec.key, z=z, index=i)
         return out
 
 
@@ -190,6 +221,8 @@ class SliceDataset(_StoreDataset):
         torch.Size([3, 512, 512])
     """
 
+    spatial_dims = 2
+
     def __init__(self, store: Store, context: int = 1, *, plane: str | None = None, labels: bool | None = None,
                  modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
                  thickness: tuple[float, float] | None = None, keys: Sequence[str] | None = None) -> None:
@@ -202,15 +235,6 @@ class SliceDataset(_StoreDataset):
     @property
     def channels(self) -> int:
         return 2 * self.context + 1
-
-    def item_affine(self, i: int) -> np.ndarray:
-        """Maps (channel, row, column) of item ``i`` to RAS mm (channel c is slice z - k + c)."""
-        rec, z = self._sample(i)
-        a = self._affines[self.index.series[i]]
-        out = np.eye(4)
-        out[:, 0], out[:, 1], out[:, 2] = a[:, 1], a[:, 0], a[:, 2]  # rows, columns, slices
-        out[:3, 3] = (a @ np.array([0.0, 0.0, z, 1.0]))[:3]
-        return out
 
     @staticmethod
     def _sample_foreground(per_slice: np.ndarray, z: np.ndarray) -> np.ndarray:
@@ -253,7 +277,8 @@ class SlabDataset(_StoreDataset):
     """3D samples: ``depth`` consecutive slices every ``stride`` slices, ``(1, D, H, W)``.
 
     The last slab of each series ends at its last slice (it may overlap the previous one); series
-    thinner than ``depth`` give no samples. Arguments as :class:`SliceDataset`.
+    thinner than ``depth`` give no samples (with a warning naming how many). Arguments as
+    :class:`SliceDataset`.
 
     Example:
         >>> ds = SlabDataset(medload.open_store("stores/sample"), depth=16, stride=8)   # doctest: +SKIP
@@ -261,23 +286,24 @@ class SlabDataset(_StoreDataset):
         (3, torch.Size([1, 16, 512, 512]))
     """
 
+    spatial_dims = 3
+
     def __init__(self, store: Store, depth: int, stride: int | None = None, *, plane: str | None = None,
                  labels: bool | None = None, modality: str | Sequence[str] | None = None,
                  kernel: str | Sequence[str] | None = None, thickness: tuple[float, float] | None = None,
                  keys: Sequence[str] | None = None) -> None:
         records = select_series(store.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
+        thin = [r for r in records if r.shape[0] < depth]
+        if thin and len(thin) < len(records):
+            warnings.warn(f"{len(thin)} of {len(records)} series have fewer than depth={depth} slices and give no "
+                          f"samples (thinnest: {min(r.shape[0] for r in thin)}): filter them out (keys=...) or "
+                          "lower depth", UserWarning, stacklevel=2)
+        if records and len(thin) == len(records):
+            raise ConfigError(f"every selected series has fewer than depth={depth} slices (the thickest has "
+                              f"{max(r.shape[0] for r in records)}): lower depth")
         records = [r for r in records if r.shape[0] >= depth]
         self.depth = depth
         super().__init__(store, records, slab_index(records, depth, stride or depth), plane=plane, labels=labels)
-
-    def item_affine(self, i: int) -> np.ndarray:
-        """Maps (slice, row, column) of item ``i`` (its first slice is z) to RAS mm."""
-        _, z = self._sample(i)
-        a = self._affines[self.index.series[i]]
-        out = np.eye(4)
-        out[:, 0], out[:, 1], out[:, 2] = a[:, 2], a[:, 1], a[:, 0]  # slices, rows, columns
-        out[:3, 3] = (a @ np.array([0.0, 0.0, z, 1.0]))[:3]
-        return out
 
     def _sample_foreground(self, per_slice: np.ndarray, z: np.ndarray) -> np.ndarray:
         cumulative = np.concatenate([[0], np.cumsum(per_slice)])

@@ -34,7 +34,9 @@ import torch
 
 from medload import windows as win
 from medload.config import affinity_cores
+from medload.data.batch_meta import as_meta_batch, sample_keys
 from medload.data.buckets import ShapeBucketBatchSampler, shape_buckets
+from medload.data.buffers import PinnedStaging, Recycler
 from medload.data.readahead import ReadAhead
 from medload.errors import ConfigError
 
@@ -141,7 +143,7 @@ class _SlotDataset(torch.utils.data.Dataset):
     def __init__(self, dataset, buffers: torch.Tensor, control: torch.Tensor,
                  cast_to: tuple[torch.dtype, _Scale] | None = None) -> None:
         self.dataset, self.buffers, self.control, self.cast_to = dataset, buffers, control, cast_to
-        self.recycler = _Recycler() if cast_to else None
+        self.recycler = Recycler() if cast_to else None
         self.probed = False  # this process's read path carries the profiler's probes
         self.readahead = ReadAhead()
 
@@ -177,75 +179,6 @@ class _SlotDataset(torch.utils.data.Dataset):
                                     None if label is None else label[i : i + step])
             scale(floats[i : i + step])
         return meta
-
-
-class _PinnedStaging:
-    """Host-to-GPU copies through page-locked buffers, so they run asynchronously.
-
-    A slot's bytes are copied (on the CPU) into the next of two pinned buffers, which is sent to the
-    GPU with ``non_blocking=True``; a buffer is refilled only after the CUDA event recorded after its
-    last copy has completed. The slot itself is free as soon as the CPU copy returns.
-    """
-
-    def __init__(self, count: int = 2) -> None:
-        self._buffers: list[torch.Tensor | None] = [None] * count
-        self._events: list = [None] * count
-        self._next = 0
-
-    def to_device(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
-        i, self._next = self._next, (self._next + 1) % len(self._buffers)
-        nbytes = host.numel() * host.element_size()
-        if self._events[i] is not None:
-            self._events[i].synchronize()
-        if self._buffers[i] is None or self._buffers[i].numel() < nbytes:
-            self._buffers[i] = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
-        staged = self._buffers[i][:nbytes].view(host.dtype).view(host.shape)
-        staged.copy_(host)
-        out = staged.to(device, non_blocking=True)
-        self._events[i] = torch.cuda.Event()
-        self._events[i].record()
-        return out
-
-
-def _storage_users(t: torch.Tensor) -> int | None:
-    """How many tensors use ``t``'s storage (torch's internal count), or None where torch hides it."""
-    try:
-        return torch._C._storage_Use_Count(t.untyped_storage()._cdata) - 1  # minus the temporary storage handle
-    except (AttributeError, RuntimeError):
-        return None
-
-
-class _Recycler:
-    """Float batch buffers on the CPU, reused once nothing outside the loader uses them.
-
-    A fresh 25 MB float batch per step costs page faults and kernel zeroing, and glibc's adaptive
-    mmap threshold then turns the churn into a heap that grows by gigabytes of free memory
-    (``benchmarks/memory.py``, 2.5D batches of 8 x 3 x 512 x 512, 3 epochs: heap 1323 MB with 406 MB
-    in use and 424/890/1196 samples/s without recycling; heap 383 MB and 944/2165/2055 samples/s
-    with). Each batch is handed out as a *view* of a pooled buffer; when the caller has dropped it
-    (and every view of it), torch's storage use count falls back to the pool's own reference and the
-    buffer is reused. A batch still held -- kept in a list, say -- is never overwritten: a new
-    buffer is made instead.
-
-    ``keep`` buffers of each shape are pooled: the batch the caller works on and the one being made (a
-    loop ``for batch in loader`` still holds the previous batch while the next is made). Each more would
-    only hold memory: 25 MB per 2.5D batch of 8 x 3 x 512 x 512.
-    """
-
-    def __init__(self, keep: int = 2) -> None:
-        self.keep = keep
-        self._pools: dict[tuple, list[torch.Tensor]] = {}
-
-    def empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-        pool = self._pools.setdefault((tuple(shape), dtype), [])
-        for buf in pool:
-            if _storage_users(buf) == 1:
-                return buf.view(shape)
-        buf = torch.empty(shape, dtype=dtype)
-        if _storage_users(buf) is not None:
-            pool.append(buf)
-            del pool[: -self.keep]
-        return buf.view(shape)
 
 
 def _pass_through(batch: dict) -> dict:
@@ -290,8 +223,10 @@ def slot_count(num_workers: int, prefetch_factor: int) -> int:
 
 class DeviceLoader:
     """Iterates batches as ``{"image": float (B, C, ...) on device, windowed to 0..1 (or HU without a
-    window), "label": (B, 1, ...) as stored (uint8), "index": int64 (B,)}``; ``index`` is each
-    sample's position in the dataset (``dataset.item_affine(i)`` maps it back to the patient).
+    window), "label": (B, 1, ...) as stored (uint8), "key": [B series keys], "z": int64 (B,),
+    "index": int64 (B,)}`` -- the datasets' sample schema, batched: ``index`` is each sample's position
+    in the dataset (``dataset.item_affine(i)`` maps it back to the patient), ``z`` its slice (2.5D: the
+    centre; 3D: the first). With ``meta=True`` image and label are MONAI MetaTensors with the affines.
 
     ``tuning`` holds what ``num_workers="auto"`` chose and why (None otherwise); ``profiler`` is set
     while :func:`medload.data.profile.profile` times this loader's stages.
@@ -304,15 +239,16 @@ class DeviceLoader:
 
     def __init__(self, loader: torch.utils.data.DataLoader, buffers: torch.Tensor, device: torch.device,
                  window: win.Window | None, dtype: torch.dtype, augment=None, *, pin_memory: bool | None = None,
-                 tuning=None) -> None:
+                 tuning=None, meta: bool = False) -> None:
         self.loader, self.buffers, self.device, self.window, self.dtype, self.augment = (
             loader, buffers, device, window, dtype, augment)
         self.dataset = loader.dataset.dataset
+        self.meta = meta
         self.tuning, self.profiler = tuning, None
         self._scale = _Scale(self.dataset.plane, window)
         pin = device.type == "cuda" if pin_memory is None else pin_memory and device.type == "cuda"
-        self._staging = _PinnedStaging() if pin else None
-        self._recycler = _Recycler() if device.type == "cpu" else None
+        self._staging = PinnedStaging() if pin else None
+        self._recycler = Recycler() if device.type == "cpu" else None
         workers = loader.num_workers
         self._threads = max(1, affinity_cores() - workers) if device.type == "cpu" and workers else None
 
@@ -352,12 +288,15 @@ class DeviceLoader:
                 if augmented is not None:
                     out["label"] = augmented
                 mark("augment")
+            out.update(sample_keys(ds, meta["index"]))
+            if self.meta:
+                out = as_meta_batch(out, ds)
             try:
                 yield out
             finally:  # also when the caller stops early (the generator is closed at its yield)
                 mark("step")
             # hold no reference to the batch just handed out: once the caller drops it, its buffer is free
-            # for the next (medload.data.loader._Recycler)
+            # for the next (medload.data.buffers.Recycler)
             out = image = label = meta = None
 
     def _transfer(self, host: torch.Tensor) -> torch.Tensor:
@@ -399,10 +338,11 @@ class DeviceLoader:
 
 
 def make_loader(dataset, batch_size: int, num_workers: int | str = 0, device: str | torch.device = "cpu", *,
-                window: str | win.Window | None = None, shuffle: bool = True, sampler=None, drop_last: bool = False,
-                seed: int = 0, augment=None, dtype: torch.dtype = torch.float32, prefetch_factor: int | None = None,
-                persistent_workers: bool | None = None, multiprocessing_context=None, pin_memory: bool | None = None,
-                memory_budget: int | str | None = None) -> DeviceLoader:
+                window: str | win.Window | None = None, shuffle: bool = False, sampler=None, drop_last: bool = False,
+                seed: int | None = None, augment=None, dtype: torch.dtype = torch.float32,
+                prefetch_factor: int | None = None, persistent_workers: bool | None = None,
+                multiprocessing_context=None, pin_memory: bool | None = None,
+                memory_budget: int | str | None = None, meta: bool = False) -> DeviceLoader:
     """A loader of windowed float batches on ``device`` from a :class:`SliceDataset`/:class:`SlabDataset`.
 
     Args:
@@ -422,13 +362,20 @@ def make_loader(dataset, batch_size: int, num_workers: int | str = 0, device: st
             the workers' L1 caches (default: a quarter of the available memory, at most 4 GB).
         window: window for HU datasets (``"soft_tissue"``, ``"350/50"``...): values map to 0..1 on the
             device. A dataset reading a stored uint8 plane (``plane=``) is scaled to 0..1 and needs none.
-        sampler: any torch Sampler of dataset indices (e.g. from :mod:`medload.data.samplers`);
-            otherwise a seeded random (``shuffle``) or sequential order. Where the dataset mixes matrix
+        shuffle, seed: without a ``sampler``, a random order drawn from ``seed`` (default 0), a new one each
+            epoch, or (default, as torch's DataLoader) the dataset's order. A seed without shuffling, or
+            either with a ``sampler``, is a ConfigError: it would be ignored.
+        sampler: any torch Sampler of dataset indices (e.g. from :mod:`medload.data.samplers`), which
+            decides the order. Where the dataset mixes matrix
             sizes, each batch holds one size: the sampler's order is kept within each size and a batch
             goes out when its size has ``batch_size`` samples (:mod:`medload.data.buckets`); ``drop_last``
             then drops each size's last partial batch.
         augment: a callable ``(image, label) -> (image, label)`` applied to each batch on the device,
-            e.g. :class:`medload.data.augment.BatchAugment`.
+            e.g. :class:`medload.data.augment.BatchAugment`, which takes the device and the spatial
+            dims from the loader (its ``bind``).
+        meta: image and label batches as MONAI ``MetaTensor`` carrying each sample's affine and key
+            (:mod:`medload.data.batch_meta`), for ``decollate_batch`` and MONAI post-processing
+            (``Invertd``, ``SaveImaged``, ``sliding_window_inference``).
 
     Example:
         >>> loader = make_loader(SliceDataset(store, context=1), batch_size=8, num_workers=2,
@@ -439,10 +386,7 @@ def make_loader(dataset, batch_size: int, num_workers: int | str = 0, device: st
     device = torch.device(device)
     if dataset.plane is not None and window is not None:
         raise ConfigError(f"the dataset reads stored {dataset.plane!r} planes (already windowed): drop window={window!r}")
-    if sampler is None:
-        generator = torch.Generator().manual_seed(seed)
-        sampler = (torch.utils.data.RandomSampler(dataset, generator=generator) if shuffle
-                   else torch.utils.data.SequentialSampler(dataset))
+    sampler = _order(dataset, sampler, shuffle, seed)
     stored = torch.from_numpy(np.empty(0, dtype=dataset.dtype)).dtype
     if dtype not in (torch.float32, torch.float64, *_HALF, stored):
         raise ConfigError(f"dtype {dtype} is neither a float type (torch.float32, torch.float16, torch.bfloat16) "
@@ -469,6 +413,9 @@ def make_loader(dataset, batch_size: int, num_workers: int | str = 0, device: st
         buffers.share_memory_()
         control.share_memory_()
     window = None if window is None else win.get(window)
+    if hasattr(augment, "bind"):  # BatchAugment: the device and dims of these batches, and whether they are 0..1
+        augment = augment.bind(device=device, spatial_dims=dataset.spatial_dims,
+                               scaled=window is not None or dataset.plane is not None)
     direct = num_workers == 0 and device.type == "cpu" and dtype in (torch.float32, torch.float64)
     loader = torch.utils.data.DataLoader(
         _SlotDataset(dataset, buffers, control, cast_to=(dtype, _Scale(dataset.plane, window)) if direct else None),
@@ -480,7 +427,20 @@ def make_loader(dataset, batch_size: int, num_workers: int | str = 0, device: st
         multiprocessing_context=multiprocessing_context, worker_init_fn=_WorkerL1(worker_l1(dataset, num_workers)),
     )
     return DeviceLoader(loader, buffers, device, window, dtype, augment,
-                        pin_memory=pin_memory, tuning=tuning)
+                        pin_memory=pin_memory, tuning=tuning, meta=meta)
+
+
+def _order(dataset, sampler, shuffle: bool, seed: int | None):
+    """The sampler of a loader: the one given, or a seeded random (``shuffle``) or sequential order."""
+    if sampler is not None:
+        if shuffle or seed is not None:
+            raise ConfigError("a sampler decides the order: drop shuffle=/seed= (seed the sampler instead)")
+        return sampler
+    if seed is not None and not shuffle:
+        raise ConfigError(f"seed={seed} only orders a shuffled loader: add shuffle=True, or drop the seed")
+    if not shuffle:
+        return torch.utils.data.SequentialSampler(dataset)
+    return torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed or 0))
 
 
 #: A dataset this many times larger than the L1 (decoded) is "far larger": see :func:`worker_l1`.

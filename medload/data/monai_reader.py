@@ -1,10 +1,11 @@
 """``MedloadReader``: a MONAI ``ImageReader`` for ``medload:`` URIs, for stock ``LoadImaged``.
 
-It returns arrays the way MONAI's own readers (NibabelReader, PydicomReader) do: spatial axes in
-``(x, y, z)`` = ``(column, row, slice)`` order, with the RAS affine of the store's record moved to the
-first slice read -- the same array and affine as loading ``medload export``'s NIfTI with
-NibabelReader and cropping it. A 2.5D stack is ``(x, y, channels)`` with the channels last
-(``original_channel_dim = -1``), so ``EnsureChannelFirstd`` makes it ``(2k+1, x, y)``.
+It returns what the datasets' ``ds[i]`` returns, in the axis order of :mod:`medload.data.layout`, so a
+model trained through one route and run through the other sees the same arrays: a slab is
+``(depth, rows, columns)`` (``EnsureChannelFirstd`` makes it ``(1, depth, rows, columns)``), a 2.5D
+stack ``(2k+1, rows, columns)`` with its channels first (``original_channel_dim = 0``), and the label of
+a 2.5D stack is the centre slice's, ``(1, rows, columns)``. The affine maps those indices to RAS mm.
+This is not NibabelReader's ``(x, y, z)`` order: the same voxels, transposed, with the affine to match.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from monai.data import ImageReader
 from monai.utils import MetaKeys, SpaceKeys
 
 from medload.config import CacheConfig
+from medload.data.layout import sample_affine
 from medload.errors import ConfigError
 from medload.storage.store import Store
 from medload.storage.uri import ItemRef, is_item_uri, parse_item_uri
@@ -35,7 +37,7 @@ class MedloadReader(ImageReader):
         >>> load = LoadImaged(keys=["image"], reader=MedloadReader())
         >>> item = load(store.items(depth=32)[0])        # doctest: +SKIP
         >>> item["image"].shape, item["image"].affine.shape
-        (torch.Size([512, 512, 32]), torch.Size([4, 4]))
+        (torch.Size([32, 512, 512]), torch.Size([4, 4]))
     """
 
     def __init__(self, cache: CacheConfig | str | None = None) -> None:
@@ -71,25 +73,24 @@ class MedloadReader(ImageReader):
         rec = store.record(ref.key)
         depth = rec.shape[0]
         reader = store.read_label if ref.label else lambda *a: store.read(*a, window=ref.plane)
+        z0 = ref.z0
         if ref.context is None:
-            z0, volume = ref.z0, reader(rec.key, ref.z0, ref.z1)
+            array = reader(rec.key, ref.z0, ref.z1)
         else:
             if not 0 <= ref.z0 < depth:
                 raise ConfigError(f"slice {ref.z0} is outside series {rec.key[:12]} of {depth} slices")
-            z0 = ref.z0
-            zs = np.clip(np.arange(ref.z0 - ref.context, ref.z0 + ref.context + 1), 0, depth - 1)
+            context = 0 if ref.label else ref.context  # a stack's label is its centre slice's
+            zs = np.clip(np.arange(z0 - context, z0 + context + 1), 0, depth - 1)
             run = reader(rec.key, int(zs[0]), int(zs[-1]) + 1)
-            volume = run[zs - zs[0]]  # the edge slices replicated
-        affine = np.asarray(rec.affine, dtype=np.float64).copy()
-        affine[:3, 3] = (np.asarray(rec.affine) @ np.array([0.0, 0.0, z0, 1.0]))[:3]
-        array = volume.transpose(2, 1, 0)  # (slice, row, column) -> (x, y, z)
+            array = run[zs - zs[0]]  # the edge slices replicated
+        affine = sample_affine(rec.affine, z0, 3 if ref.context is None else 2)
         meta = {
             MetaKeys.AFFINE: affine,
             MetaKeys.ORIGINAL_AFFINE: affine.copy(),
             MetaKeys.SPACE: SpaceKeys.RAS,
-            MetaKeys.SPATIAL_SHAPE: np.asarray(array.shape if ref.context is None else array.shape[:2]),
-            MetaKeys.ORIGINAL_CHANNEL_DIM: float("nan") if ref.context is None else -1,
+            MetaKeys.SPATIAL_SHAPE: np.asarray(array.shape if ref.context is None else array.shape[1:]),
+            MetaKeys.ORIGINAL_CHANNEL_DIM: float("nan") if ref.context is None else 0,
             "medload_key": rec.key,
-            "medload_z0": z0,
+            "medload_z": z0,
         }
         return array, meta

@@ -260,7 +260,7 @@ def profile_training(store, *, batch_size: int = 4, num_workers: int | str = 0, 
         raise ConfigError(f"steps must be at least 1, got {steps}")
     device = torch.device(device)
     dataset = SliceDataset(store, context=context)
-    loader = make_loader(dataset, batch_size, num_workers, device, window=window, seed=seed,
+    loader = make_loader(dataset, batch_size, num_workers, device, window=window, shuffle=True, seed=seed,
                          augment=BatchAugment(device=device, seed=seed) if augment else None)
     train = None if model == "none" else TrainStep(segmentation_unet(2, dataset.channels, small=model == "small")
                                                    .to(device))
