@@ -11,6 +11,10 @@ target device; `BatchAugment.apply` applies them deterministically, in this orde
 
 No host syncs and no Python loops over the batch, so it runs inside a CUDA training step.
 
+Given to `medload.data.make_loader` (``augment=``), a `BatchAugment` is bound to the loader
+(`BatchAugment.bind`): it takes the loader's device and spatial dims, and refuses intensity or noise
+augmentation (tuned for 0..1) on raw HU batches.
+
 Plain `affine_grid`/`grid_sample` rather than `monai.networks.layers.AffineTransform` (MONAI 1.6.1): that
 module builds its normalisation matrices on the host each call (`normalize_transform`, `np.linalg.inv`
 in `to_norm_affine`: host-device copies, i.e. syncs), pads only with zeros/border/reflection (not a
@@ -70,6 +74,16 @@ class AugmentConfig:
         for name in ("intensity_shift", "noise_std"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"AugmentConfig.{name} = {getattr(self, name)}: use a value >= 0")
+
+    @property
+    def has_intensity(self) -> bool:
+        """Whether intensity scale/shift can change a sample."""
+        return self.intensity_prob > 0 and (self.intensity_scale > 0 or self.intensity_shift > 0)
+
+    @property
+    def has_noise(self) -> bool:
+        """Whether gaussian noise can be added to a sample."""
+        return self.noise_prob > 0 and self.noise_std > 0
 
 
 @dataclass(frozen=True)
@@ -133,37 +147,94 @@ class BatchAugment:
 
     Args:
         config: probabilities and ranges.
-        device: where parameters are drawn (the training device).
+        device: where parameters are drawn (the training device); None: the loader's (see `bind`),
+            the CPU when called without a loader.
         seed: the same seed and epoch give the same augmentation; the global torch RNG is never used.
-        spatial_dims: 2 for (B, C, H, W) 2.5D stacks, 3 for (B, C, D, H, W) slabs.
+        spatial_dims: 2 for (B, C, H, W) 2.5D stacks, 3 for (B, C, D, H, W) slabs; None: the loader's,
+            2 when called without a loader.
     """
 
     def __init__(
         self,
         config: AugmentConfig = AugmentConfig(),
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         seed: int = 0,
-        spatial_dims: int = 2,
+        spatial_dims: int | None = None,
     ) -> None:
         if not isinstance(config, AugmentConfig):
             raise ConfigError(f"config must be an AugmentConfig, got {type(config).__name__}")
-        if spatial_dims not in (2, 3):
-            raise ConfigError(f"spatial_dims = {spatial_dims!r}: use 2 (B, C, H, W) or 3 (B, C, D, H, W)")
+        if spatial_dims is not None:
+            _check_dims(spatial_dims, "spatial_dims")
         self.config = config
-        self.spatial_dims = spatial_dims
         self.seed = int(seed)
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self._gen = torch.Generator(device=self.device)
+        self._device = None if device is None else _device_of(device)
+        self._spatial_dims = spatial_dims
+        self._given = (self._device, spatial_dims)  # what the user asked for; None: the loader decides
+        self._bound: tuple[torch.device, int] | None = None
+        self._gen: torch.Generator | None = None  # made at the first draw, on the device known by then
         self.set_epoch(0)
+
+    @property
+    def device(self) -> torch.device:
+        """Where parameters are drawn: as given, else the bound loader's, else the CPU."""
+        return torch.device("cpu") if self._device is None else self._device
+
+    @property
+    def spatial_dims(self) -> int:
+        """2 or 3: as given, else the bound loader's, else 2."""
+        return 2 if self._spatial_dims is None else self._spatial_dims
+
+    def bind(self, *, device: torch.device, spatial_dims: int, scaled: bool) -> BatchAugment:
+        """Take the device and spatial dims of the loader that applies this augmentation (once, in
+        `make_loader`); ``scaled``: its batches are in 0..1 (a window or a stored uint8 plane), not HU.
+
+        Raises ConfigError where a device or spatial_dims given to the constructor contradicts the
+        loader, where another loader with other ones already bound it, and where intensity or noise
+        augmentation (tuned for 0..1) would run on raw HU.
+        """
+        device = _device_of(device)
+        _check_dims(spatial_dims, "the loader's spatial_dims")
+        given_device, given_dims = self._given
+        shape = {2: "2.5D (B, C, H, W)", 3: "3D (B, C, D, H, W)"}
+        if given_dims is not None and given_dims != spatial_dims:
+            raise ConfigError(
+                f"BatchAugment(spatial_dims={given_dims}) on a loader of {shape[spatial_dims]} batches: "
+                f"drop spatial_dims= (it is taken from the loader) or use spatial_dims={spatial_dims}"
+            )
+        if given_device is not None and given_device != device:
+            raise ConfigError(
+                f"BatchAugment(device={str(given_device)!r}) on a loader that puts batches on {str(device)!r}: "
+                f"drop device= (it is taken from the loader) or give both the same device"
+            )
+        if self._bound is not None and self._bound != (device, spatial_dims):
+            raise ConfigError(
+                f"this BatchAugment is bound to a loader of {shape[self._bound[1]]} batches on "
+                f"{str(self._bound[0])!r}, not {shape[spatial_dims]} on {str(device)!r}: use one BatchAugment per loader"
+            )
+        if not scaled and (self.config.has_intensity or self.config.has_noise):
+            raise ConfigError(
+                "intensity/noise augmentation is tuned for images in 0..1, and this loader gives raw HU: "
+                "set window= on the loader (e.g. window=\"soft_tissue\"), or disable intensity augmentation in "
+                "AugmentConfig (intensity_prob=0.0, noise_prob=0.0)"
+            )
+        self._bound = (device, spatial_dims)
+        self._device, self._spatial_dims = device, spatial_dims
+        return self
 
     def set_epoch(self, epoch: int) -> None:
         """Reseed from (seed, epoch), so every epoch's augmentation is reproducible on its own."""
         self.epoch = int(epoch)
         self._draws = 0
-        self._gen.manual_seed(_seed("params", self.seed, self.epoch))
+        if self._gen is not None:
+            self._gen.manual_seed(_seed("params", self.seed, self.epoch))
+
+    def _generator(self) -> torch.Generator:
+        """The parameter generator on `device`; (re)made there, at the start of this epoch's stream."""
+        if self._gen is None or self._gen.device != self.device:
+            self._gen = torch.Generator(device=self.device)
+            self.set_epoch(self.epoch)
+        return self._gen
 
     def draw(self, batch_size: int) -> AugmentParams:
         """Draw the parameters of one batch (advances this object's generator)."""
@@ -172,7 +243,7 @@ class BatchAugment:
         cfg, nd = self.config, self.spatial_dims
         n_rot = 1 if nd == 2 else 3
         # one draw, always the same columns, so changing one probability leaves the other streams alone
-        u = torch.rand(batch_size, 2 * nd + n_rot + 7, generator=self._gen, device=self.device)
+        u = torch.rand(batch_size, 2 * nd + n_rot + 7, generator=self._generator(), device=self.device)
         u_flip, u_aff, u_ang, u_zoom, u_tr, u_int, u_gain, u_off, u_noise, u_std = torch.split(
             u, [nd, 1, n_rot, 1, nd, 1, 1, 1, 1, 1], dim=1
         )
@@ -190,12 +261,12 @@ class BatchAugment:
             zoom = cfg.scale[0] + (cfg.scale[1] - cfg.scale[0]) * u_zoom[:, 0]
             translate = sym(u_tr, cfg.translate)
         gain = offset = None
-        if cfg.intensity_prob > 0 and (cfg.intensity_scale > 0 or cfg.intensity_shift > 0):
+        if cfg.has_intensity:
             on = (u_int[:, 0] < cfg.intensity_prob).float()
             gain = 1.0 + on * sym(u_gain[:, 0], cfg.intensity_scale)
             offset = on * sym(u_off[:, 0], cfg.intensity_shift)
         noise_std = None
-        if cfg.noise_prob > 0 and cfg.noise_std > 0:
+        if cfg.has_noise:
             noise_std = (u_noise[:, 0] < cfg.noise_prob).float() * u_std[:, 0] * cfg.noise_std
         return AugmentParams(
             flip=flip,
@@ -249,6 +320,20 @@ class BatchAugment:
             noise = torch.randn(image.shape, generator=gen, device=dev, dtype=work)
             image = (image.to(work) + noise * p.noise_std.to(work).view(bshape)).to(image.dtype)
         return image, label
+
+
+def _device_of(device: str | torch.device) -> torch.device:
+    """``device`` as a torch.device, a bare "cuda" resolved to the current CUDA device."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _check_dims(spatial_dims: object, what: str) -> None:
+    """Raise ConfigError unless ``spatial_dims`` is 2 or 3."""
+    if isinstance(spatial_dims, bool) or spatial_dims not in (2, 3):
+        raise ConfigError(f"{what} = {spatial_dims!r}: use 2 (B, C, H, W) or 3 (B, C, D, H, W)")
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
