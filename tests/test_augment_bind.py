@@ -123,7 +123,6 @@ def slab_store(tmp_path_factory):
     return root / "store"
 
 
-@pytest.mark.xfail(reason="wired by the loader change", strict=False)
 def test_make_loader_binds_the_augment_to_slab_batches(slab_store):
     ds = SlabDataset(open_store(slab_store), depth=4, stride=4)
     aug = BatchAugment(AugmentConfig(affine_prob=1.0))
@@ -132,7 +131,6 @@ def test_make_loader_binds_the_augment_to_slab_batches(slab_store):
     assert aug.spatial_dims == 3 and aug.device == CPU
 
 
-@pytest.mark.xfail(reason="wired by the loader change", strict=False)
 def test_make_loader_refuses_intensity_augmentation_of_raw_hu(slab_store):
     ds = SlabDataset(open_store(slab_store), depth=4, stride=4)
     with pytest.raises(ConfigError, match="set window= on the loader"):
