@@ -1,24 +1,38 @@
 """Typed settings, in one place, with the defaults the README documents.
 
 Every setting can come from a TOML file (``--config FILE`` on the command line, :func:`load_config` in
-Python) and be overridden by command-line flags. A file has one table per section::
+Python) and be overridden by command-line flags. A setting has one name: its field name here is its key
+in TOML and, with dashes, its command-line flag (``shard_bytes``, ``--shard-bytes``). A file has one
+table per section::
 
     [ingest]
     workers = 8
     windows = ["lung", "soft_tissue"]
 
     [cache]
-    l1 = "512MB"                      # in-process LRU of decoded slices, per process
+    l1_bytes = "512MB"                # in-process LRU of decoded slices, per process
     hot_dir = "/local/ssd/medload"    # L2: verified copies of shards on local disk
     hot_budget = "200GB"
+
+Each value is checked against its field's annotation, from TOML and from Python alike: a boolean is
+``true``/``false`` (the string ``"false"`` is an error), an integer is not ``"4"``, a byte size (a field
+with ``metadata={"unit": "bytes"}``) is an integer or a size string such as ``"2GB"``, and ``windows`` is
+a list of names or one name. A wrong value is a :class:`~medload.errors.ConfigError` naming the key
+(and the file).
 """
 
 from __future__ import annotations
 
+import contextlib
+import numbers
 import os
 import re
 import sys
-from dataclasses import dataclass, field, fields, replace
+import types
+import typing
+import warnings
+from dataclasses import Field, dataclass, field, fields, replace
+from functools import cache
 from pathlib import Path
 
 from medload.errors import ConfigError
@@ -29,11 +43,13 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 __all__ = ["IngestConfig", "CacheConfig", "MedloadConfig", "load_config", "with_overrides", "parse_size", "format_size",
-           "affinity_cores"]
+           "affinity_cores", "RENAMED"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+#: field metadata of a byte count: an integer, or a size string such as "4GB" (see :func:`parse_size`)
+_BYTES = {"unit": "bytes"}
 
 
 def affinity_cores() -> int:
@@ -73,14 +89,16 @@ class IngestConfig:
         workers: decoding processes (``None``: all cores); each input is read and decoded in one of
             them, never in the writing process (see :mod:`medload.ingest.isolation`).
         codec: slice codec for a new store (see :mod:`medload.storage.codec`).
-        windows: names of pre-windowed uint8 planes to store besides HU (see :mod:`medload.windows`).
+        windows: names of pre-windowed uint8 planes to store besides HU (see :mod:`medload.windows`);
+            one name (``"lung"``) is one window.
         spacing_tolerance_mm, spacing_tolerance_rel: a slice may sit at most
             ``max(mm, rel * slice spacing)`` from where the affine puts it; otherwise the series has
             irregular spacing or gaps and is rejected.
         duplicate_tolerance_mm: slices closer than this along the normal share one position.
         tilt_policy: ``"reject"`` a sheared stack (gantry tilt), or ``"shear"``: keep it with the sheared
             affine that places every slice where its ImagePositionPatient says (flagged ``sheared``).
-        shard_bytes: publish a shard and start a new one past this size.
+        shard_bytes: publish a shard and start a new one past this size. Like every byte size here,
+            an integer or a size string (``"2GB"``).
         max_frame_pixels, max_frames: caps checked against the header before any pixel is decoded.
         worker_memory: memory cap of one decoding process in bytes (its data segment, ``RLIMIT_DATA``;
             see :mod:`medload.ingest.isolation`); an input that needs more is quarantined. 0: no cap.
@@ -93,7 +111,9 @@ class IngestConfig:
 
     Example:
         >>> from medload.ingest import ingest
-        >>> cfg = IngestConfig(workers=4, windows=("lung",), tilt_policy="shear")
+        >>> cfg = IngestConfig(workers=4, windows="lung", shard_bytes="2GB", tilt_policy="shear")
+        >>> cfg.windows, cfg.shard_bytes
+        (('lung',), 2000000000)
         >>> report = ingest("dicom/", "stores/ct", config=cfg)   # doctest: +SKIP
     """
 
@@ -104,15 +124,16 @@ class IngestConfig:
     spacing_tolerance_rel: float = 0.01
     duplicate_tolerance_mm: float = 0.01
     tilt_policy: str = "reject"
-    shard_bytes: int = 4 * 10**9
+    shard_bytes: int = field(default=4 * 10**9, metadata=_BYTES)
     max_frame_pixels: int = 16384 * 16384
     max_frames: int = 100_000
-    worker_memory: int = 4 * 10**9
+    worker_memory: int = field(default=4 * 10**9, metadata=_BYTES)
     decode_timeout: float = 60.0
     plausibility: str = "reject"
     strict: bool = False
 
     def __post_init__(self) -> None:
+        _check_fields(self)
         if self.tilt_policy not in ("reject", "shear"):
             raise ConfigError(f"tilt policy {self.tilt_policy!r}: use 'reject' or 'shear'")
         if self.workers is not None and self.workers < 1:
@@ -147,16 +168,17 @@ class CacheConfig:
             :class:`~medload.errors.ChecksumError`, or falls back to the store for a hot copy).
     """
 
-    l1_bytes: int = 256 * 10**6
+    l1_bytes: int = field(default=256 * 10**6, metadata=_BYTES)
     hot_dir: Path | None = None
-    hot_budget: int = 0
+    hot_budget: int = field(default=0, metadata=_BYTES)
     fetch: str = "background"
-    max_rate: int | None = None
+    max_rate: int | None = field(default=None, metadata={"unit": "bytes/s"})
     verify: bool = True
 
     def __post_init__(self) -> None:
+        _check_fields(self)
         if self.l1_bytes < 0:
-            raise ConfigError(f"l1 budget must be >= 0, got {self.l1_bytes}")
+            raise ConfigError(f"l1_bytes must be >= 0 (0 disables L1), got {self.l1_bytes}")
         if self.fetch not in ("background", "never"):
             raise ConfigError(f"fetch {self.fetch!r}: use 'background' or 'never'")
         if self.hot_dir is not None and self.hot_budget <= 0:
@@ -170,51 +192,122 @@ class MedloadConfig:
     ingest: IngestConfig = field(default_factory=IngestConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
 
-
-#: TOML keys that differ from field names, and the converter of each value
-_CACHE_KEYS = {"l1": ("l1_bytes", parse_size), "hot_dir": ("hot_dir", Path), "hot_budget": ("hot_budget", parse_size),
-               "fetch": ("fetch", str), "max_rate": ("max_rate", parse_size), "verify": ("verify", bool)}
-_INGEST_KEYS = {"workers": ("workers", int), "codec": ("codec", str), "windows": ("windows", tuple),
-                "tilt_policy": ("tilt_policy", str), "shard_size": ("shard_bytes", parse_size),
-                "strict": ("strict", bool), "spacing_tolerance_mm": ("spacing_tolerance_mm", float),
-                "worker_memory": ("worker_memory", parse_size), "decode_timeout": ("decode_timeout", float),
-                "plausibility": ("plausibility", str),
-                "spacing_tolerance_rel": ("spacing_tolerance_rel", float),
-                "duplicate_tolerance_mm": ("duplicate_tolerance_mm", float)}
+    def __post_init__(self) -> None:
+        _check_fields(self)
 
 
-def _section(table: dict, keys: dict, where: str) -> dict:
-    unknown = sorted(set(table) - set(keys))
-    if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(keys))}")
-    out = {}
-    for key, value in table.items():
-        name, convert = keys[key]
-        try:
-            out[name] = convert(value)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: {key} = {value!r} is not valid ({exc})") from None
-    return out
+#: old TOML keys of renamed settings, per section: still read (with a DeprecationWarning) until the next release
+RENAMED = {"ingest": {"shard_size": "shard_bytes"}, "cache": {"l1": "l1_bytes"}}
+_SECTIONS = {"ingest": IngestConfig, "cache": CacheConfig}
+
+
+@cache
+def _annotated_fields(cls: type) -> dict[str, tuple[Field, object]]:
+    """Each field of the dataclass ``cls`` by name, with its annotation resolved to a type."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (f, hints[f.name]) for f in fields(cls)}
+
+
+def _check_fields(config) -> None:
+    """Set each field of the (frozen) ``config`` to its value converted as its annotation says."""
+    for name, (f, hint) in _annotated_fields(type(config)).items():
+        value = _convert(getattr(config, name), hint, f.metadata.get("unit"), f"{type(config).__name__}.{name}")
+        object.__setattr__(config, name, value)
+
+
+def _convert(value, hint, unit: str | None, name: str):
+    """``value`` as the type ``hint`` names (``unit``: the field's, for byte sizes), or a ConfigError naming
+    the setting ``name``. Only lossless conversions: 60 to 60.0, "2GB" to bytes, a list or one name to a tuple."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(hint):
+            return None
+        (hint,) = (a for a in typing.get_args(hint) if a is not type(None))
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        problem = "not a boolean: write true or false, without quotes"
+    elif hint is int:
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)
+        if unit and isinstance(value, str):
+            with contextlib.suppress(ConfigError):
+                return parse_size(value)
+        problem = (f'not a size: write a whole number of {unit} or a size such as "4GB"' if unit else
+                   "not an integer: write a whole number, without quotes")
+    elif hint is float:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return float(value)
+        problem = "not a number: write it without quotes"
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+        problem = "not a string: write it in quotes"
+    elif hint is Path:
+        if isinstance(value, (str, os.PathLike)):
+            return Path(value)
+        problem = "not a path: write it as a string"
+    elif hint == tuple[str, ...]:
+        if isinstance(value, str):  # one name (or a comma list, as on the command line), not its letters
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        problem = 'not a list of names: write e.g. ["lung", "bone"], or one name'
+    elif isinstance(hint, type) and isinstance(value, hint):
+        return value
+    else:
+        problem = f"not of type {getattr(hint, '__name__', hint)}"
+    raise ConfigError(f"{name} = {value!r} is {problem}")
+
+
+def _section(table, section: str, where: str):
+    """The config of ``section`` (its class in ``_SECTIONS``) from its TOML table; errors name ``where``."""
+    cls, renamed = _SECTIONS[section], RENAMED[section]
+    known = _annotated_fields(cls)
+    try:
+        if not isinstance(table, dict):
+            raise ConfigError(f"{section} = {table!r} is not a table: write [{section}] and its keys below it")
+        unknown = sorted(key for key in table if renamed.get(key, key) not in known)
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        values = {}
+        for key, value in table.items():
+            name = renamed.get(key, key)
+            if name != key:
+                if name in table:
+                    raise ConfigError(f"{key} and {name} are one setting: keep {name} only")
+                warnings.warn(f"{where}: {key} is now called {name}; the old name stops working in the next release",
+                              DeprecationWarning, stacklevel=3)
+            f, hint = known[name]
+            values[name] = _convert(value, hint, f.metadata.get("unit"), key)
+        return cls(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def load_config(path: str | os.PathLike | None = None) -> MedloadConfig:
-    """Settings from a TOML file (sections ``[ingest]`` and ``[cache]``); defaults without a file."""
+    """Settings from a TOML file (sections ``[ingest]`` and ``[cache]``); defaults without a file.
+
+    Keys are the field names of :class:`IngestConfig` and :class:`CacheConfig`; the old names in
+    :data:`RENAMED` still work, with a DeprecationWarning, until the next release.
+    """
     if path is None:
         return MedloadConfig()
     try:
         doc = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read config {path}: {exc}") from None
-    unknown = sorted(set(doc) - {"ingest", "cache"})
+    unknown = sorted(set(doc) - set(_SECTIONS))
     if unknown:
         raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}; use [ingest] and [cache]")
-    return MedloadConfig(
-        ingest=IngestConfig(**_section(doc.get("ingest", {}), _INGEST_KEYS, f"{path} [ingest]")),
-        cache=CacheConfig(**_section(doc.get("cache", {}), _CACHE_KEYS, f"{path} [cache]")),
-    )
+    sections = {}
+    for name in _SECTIONS:  # a loop, not a comprehension: the stack level of the rename warning is _section's caller's
+        sections[name] = _section(doc.get(name, {}), name, f"{path} [{name}]")
+    return MedloadConfig(**sections)
 
 
 def with_overrides(config, **flags):
-    """``config`` with the flags that were given (not None) replacing its fields."""
-    names = {f.name for f in fields(config)}
-    return replace(config, **{k: v for k, v in flags.items() if v is not None and k in names})
+    """``config`` with the flags that were given (not None) replacing its fields of the same names."""
+    unknown = sorted(set(flags) - {f.name for f in fields(config)})
+    if unknown:
+        raise ConfigError(f"{type(config).__name__} has no setting(s) {', '.join(unknown)}")
+    return replace(config, **{k: v for k, v in flags.items() if v is not None})

@@ -95,7 +95,7 @@ def test_cache_warm_per_rank_copies_exactly_the_shards_its_sampler_reads(tmp_pat
     world, hot = 3, {}
     for rank in range(world):
         out = _run("-m", "medload.cli", "cache", "warm", tmp_path / "store", "--hot-dir", tmp_path / f"hot{rank}",
-                   "--budget", "1GB", "--rank", rank, "--world", world, "--seed", 1).stdout
+                   "--hot-budget", "1GB", "--rank", rank, "--world", world, "--seed", 1).stdout
         assert f"rank {rank} of {world}" in out
         hot[rank] = {p.name[: -len(".mdb")] for p in (tmp_path / f"hot{rank}").glob("*.mdb")}
         sampler = DistributedPatientSampler.from_dataset(dataset, rank=rank, world_size=world, seed=1, even="none")

@@ -130,7 +130,7 @@ def test_cli_prints_the_table_and_verdict(sample_store):
 
 
 def test_cli_json_with_auto_workers(sample_store):
-    out = _medload("profile", sample_store, "--steps", "4", "--batch-size", "2", "--workers", "auto", "--model", "none",
+    out = _medload("profile", sample_store, "--steps", "4", "--batch-size", "2", "--num-workers", "auto", "--model", "none",
                    "--json").stdout
     doc = json.loads(out)
     assert doc["batches"] == 4 and doc["verdict"].split(":")[0] in ("input-bound", "compute-bound")

@@ -142,8 +142,8 @@ def test_cache_cli_warm_status_clear_with_a_config_file(store, tmp_path):
     assert "3 copied" in out
     assert "3 of 3 shard(s)" in _medload("--config", config, "cache", "status", path).stdout
     assert "already hot" in _medload("--config", config, "cache", "warm", path).stdout
-    small = _medload("cache", "warm", path, "--hot-dir", tmp_path / "hot2", "--budget", "1KB", check=False)
-    assert small.returncode == 2 and "raise --budget" in small.stderr
+    small = _medload("cache", "warm", path, "--hot-dir", tmp_path / "hot2", "--hot-budget", "1KB", check=False)
+    assert small.returncode == 2 and "raise --hot-budget" in small.stderr
     assert "freed" in _medload("--config", config, "cache", "clear").stdout
     assert not list((tmp_path / "hot").glob("*.mdb"))
     bad = tmp_path / "bad.toml"

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from medload.cli.app import cli, console, size
+from medload.cli.app import cli, console, renamed, size
 from medload.config import MedloadConfig, with_overrides
 from medload.errors import MedloadError
 
@@ -19,22 +19,23 @@ def cache() -> None:
     """The hot-shard directory on local SSD (L2): copy shards there, see what it holds, empty it."""
 
 
-def _hot_config(config: MedloadConfig, hot_dir: Path | None, budget: str | None, max_rate: str | None):
-    cfg = with_overrides(config.cache, hot_dir=hot_dir, hot_budget=size(budget), max_rate=size(max_rate))
+def _hot_config(config: MedloadConfig, hot_dir: Path | None, hot_budget: str | None, max_rate: str | None):
+    cfg = with_overrides(config.cache, hot_dir=hot_dir, hot_budget=size(hot_budget), max_rate=size(max_rate))
     if cfg.hot_dir is None:
         raise click.UsageError("give --hot-dir (or hot_dir in the [cache] table of --config)")
     if cfg.hot_budget <= 0:
-        raise click.UsageError("give --budget, e.g. --budget 50GB (or hot_budget in [cache] of --config)")
+        raise click.UsageError("give --hot-budget, e.g. --hot-budget 50GB (or hot_budget in [cache] of --config)")
     return cfg
 
 
 _HOT_OPTIONS = [
     click.option("--hot-dir", type=click.Path(path_type=Path), default=None, help="Local-SSD directory for shard copies."),
-    click.option("--budget", default=None, help="Bytes the hot directory may hold, e.g. 50GB."),
+    click.option("--hot-budget", default=None, help="Bytes the hot directory may hold, e.g. 50GB."),
 ]
 
 
 def _hot_options(fn):
+    fn = renamed("--budget", "--hot-budget")(fn)
     for option in reversed(_HOT_OPTIONS):
         fn = option(fn)
     return fn
@@ -49,7 +50,7 @@ def _hot_options(fn):
 @click.option("--world", type=int, default=None, help="Number of training ranks (with --rank).")
 @click.option("--seed", type=int, default=0, show_default=True, help="The training run's seed (with --rank).")
 @click.pass_obj
-def warm(config: MedloadConfig, store: Path, hot_dir: Path | None, budget: str | None, series_keys: tuple[str, ...],
+def warm(config: MedloadConfig, store: Path, hot_dir: Path | None, hot_budget: str | None, series_keys: tuple[str, ...],
          max_rate: str | None, rank: int | None, world: int | None, seed: int) -> None:
     """Copy the shards of STORE (or of some series) to the hot directory, verified, within the budget.
 
@@ -63,7 +64,7 @@ def warm(config: MedloadConfig, store: Path, hot_dir: Path | None, budget: str |
 
     if (rank is None) != (world is None):
         raise click.UsageError("give --rank and --world together, e.g. --rank 0 --world 8")
-    cfg = _hot_config(config, hot_dir, budget, max_rate)
+    cfg = _hot_config(config, hot_dir, hot_budget, max_rate)
     st = open_store(store)
     if rank is not None:
         from medload.data.distributed import shards_for_rank
@@ -76,7 +77,7 @@ def warm(config: MedloadConfig, store: Path, hot_dir: Path | None, budget: str |
     total = sum(e.bytes for e in entries)
     if total > cfg.hot_budget:
         raise MedloadError(f"the {len(entries)} shard(s) asked for hold {total / 1e9:.2f} GB but the hot budget is "
-                           f"{cfg.hot_budget / 1e9:.2f} GB: raise --budget or warm fewer series (--series)")
+                           f"{cfg.hot_budget / 1e9:.2f} GB: raise --hot-budget or warm fewer series (--series)")
     hot = HotShards(cfg.hot_dir, cfg.hot_budget, max_rate=cfg.max_rate)
     copied = elsewhere = 0
     with progress_bar("copying shards", len(entries), enabled=sys.stderr.isatty()) as advance:
@@ -97,12 +98,12 @@ def warm(config: MedloadConfig, store: Path, hot_dir: Path | None, budget: str |
 @click.argument("store", required=False, type=click.Path(exists=True, path_type=Path))
 @_hot_options
 @click.pass_obj
-def status(config: MedloadConfig, store: Path | None, hot_dir: Path | None, budget: str | None) -> None:
+def status(config: MedloadConfig, store: Path | None, hot_dir: Path | None, hot_budget: str | None) -> None:
     """What the hot directory holds; with STORE, which of its shards are hot."""
     from medload.cache.hot_shards import HotShards
     from medload.storage.store import open_store
 
-    cfg = _hot_config(config, hot_dir, budget, None)
+    cfg = _hot_config(config, hot_dir, hot_budget, None)
     state = HotShards(cfg.hot_dir, cfg.hot_budget).status()
     mine = {s.name for s in open_store(store).manifest.shards} if store else set()
     table = Table(title=f"{state.hot_dir}: {state.used / 1e6:.1f} of {state.budget / 1e6:.1f} MB used")
@@ -122,10 +123,10 @@ def status(config: MedloadConfig, store: Path | None, hot_dir: Path | None, budg
 @cache.command()
 @_hot_options
 @click.pass_obj
-def clear(config: MedloadConfig, hot_dir: Path | None, budget: str | None) -> None:
+def clear(config: MedloadConfig, hot_dir: Path | None, hot_budget: str | None) -> None:
     """Remove every copy from the hot directory (copies in progress elsewhere are left alone)."""
     from medload.cache.hot_shards import HotShards
 
-    cfg = _hot_config(config, hot_dir, budget or "1", None)
+    cfg = _hot_config(config, hot_dir, hot_budget or "1", None)
     freed = HotShards(cfg.hot_dir, cfg.hot_budget).clear()
     console.print(f"freed {freed / 1e6:.1f} MB in {cfg.hot_dir}")

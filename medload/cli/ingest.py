@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from medload.cli.app import cli, console, short, size
+from medload.cli.app import cli, console, renamed, short, size
 from medload.config import MedloadConfig, with_overrides
 from medload.storage.codec import CODECS, DEFAULT_CODEC
 
@@ -37,7 +37,7 @@ class _Source(click.Path):
               help=f"Slice codec of a new store (default {DEFAULT_CODEC}).")
 @click.option("--tilt-policy", type=click.Choice(["reject", "shear"]), default=None,
               help="Gantry-tilted (sheared) stacks: reject (default), or keep with the sheared affine.")
-@click.option("--shard-size", default=None, help="Publish a shard past this size (default 4GB).")
+@click.option("--shard-bytes", default=None, help="Publish a shard past this size, e.g. 2GB (default 4GB).")
 @click.option("--worker-memory", default=None,
               help="Memory cap of each decoding process, e.g. 4GB (default); an input needing more is quarantined. "
                    "0: no cap.")
@@ -77,8 +77,9 @@ class _Source(click.Path):
               help="dicomweb:// or dimse:// source: instances spooled on disk at once (default 1000; a larger series "
                    "is spooled whole).")
 @click.pass_obj
+@renamed("--shard-size", "--shard-bytes")
 def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, workers: int | None,
-           windows: str | None, codec: str | None, tilt_policy: str | None, shard_size: str | None,
+           windows: str | None, codec: str | None, tilt_policy: str | None, shard_bytes: str | None,
            worker_memory: str | None, decode_timeout: float | None, plausibility: str | None,
            key_file: Path | None, strict: bool | None, label_paths: tuple[Path, ...], roi_map: Path | None,
            force_keys: tuple[str, ...], no_progress: bool, scheduler: str | None, query: str | None,
@@ -90,8 +91,8 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
     from medload.ingest.run import ingest as run_ingest
 
     cfg = with_overrides(config.ingest, workers=workers, codec=codec, tilt_policy=tilt_policy,
-                         windows=None if windows is None else tuple(w for w in windows.split(",") if w),
-                         shard_bytes=size(shard_size), worker_memory=size(worker_memory),
+                         windows=windows,  # "lung,soft_tissue": IngestConfig splits it
+                         shard_bytes=size(shard_bytes), worker_memory=size(worker_memory),
                          decode_timeout=decode_timeout, plausibility=plausibility, strict=strict or None)
     remote = {"query": query, "credentials": credentials, "ca_bundle": ca_bundle, "connections": connections,
               "spool_instances": spool_instances, "calling_aet": calling_aet}

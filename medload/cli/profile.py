@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from medload.cli.app import cli, console
-from medload.config import MedloadConfig, load_config
+from medload.cli.app import cli, console, read_config, renamed
+from medload.config import MedloadConfig
 
 
 def _workers(value: str) -> int | str:
@@ -25,7 +25,7 @@ def _workers(value: str) -> int | str:
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="TOML settings; its [cache] section says how the store is read (instead of the global --config).")
 @click.option("--batch-size", type=int, default=4, show_default=True)
-@click.option("--workers", default="0", show_default=True, help="DataLoader workers, or 'auto'.")
+@click.option("--num-workers", default="0", show_default=True, help="DataLoader workers, or 'auto'.")
 @click.option("--steps", type=int, default=20, show_default=True, help="Training steps to time.")
 @click.option("--window", default="soft_tissue", show_default=True, help="Window preset or WIDTH/LEVEL.")
 @click.option("--context", type=int, default=1, show_default=True, help="2.5D neighbour slices on each side.")
@@ -35,17 +35,18 @@ def _workers(value: str) -> int | str:
 @click.option("--augment", is_flag=True, help="Add BatchAugment on the device, as training does.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON instead of the table.")
 @click.pass_obj
-def profile_cmd(config: MedloadConfig, store: Path, config_file: Path | None, batch_size: int, workers: str,
+@renamed("--workers", "--num-workers")
+def profile_cmd(config: MedloadConfig, store: Path, config_file: Path | None, batch_size: int, num_workers: str,
                 steps: int, window: str, context: int, device: str, model: str, augment: bool, as_json: bool) -> None:
     """Time each stage of the training input (store reads per cache tier, decode, collate, copy, window,
     augment, waiting) and a training step; print a table and a verdict (input- or compute-bound)."""
     from medload.data.profile import profile_training
     from medload.storage.store import open_store
 
-    cache = (load_config(config_file) if config_file is not None else config).cache
-    report, tuning = profile_training(open_store(store, cache=cache), batch_size=batch_size, num_workers=_workers(workers),
-                                      steps=steps, window=window, context=context, device=device, model=model,
-                                      augment=augment)
+    cache = (read_config(config_file) if config_file is not None else config).cache
+    report, tuning = profile_training(open_store(store, cache=cache), batch_size=batch_size,
+                                      num_workers=_workers(num_workers), steps=steps, window=window, context=context,
+                                      device=device, model=model, augment=augment)
     if as_json:
         click.echo(json.dumps({**report.to_dict(), "tuning": None if tuning is None else tuning.to_dict()}, indent=2))
         return
