@@ -1,4 +1,5 @@
-"""Samplers: epoch determinism, series grouping, foreground rate (the distributed sampler: test_partition.py)."""
+"""Samplers: epoch determinism, series grouping, foreground rate, from_dataset (the distributed sampler:
+test_partition.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from labelled_store import make_labelled_store
+from medload.data import SlabDataset, SliceDataset, sample_layout
 from medload.data.distributed import DistributedPatientSampler
 from medload.data.samplers import ForegroundSampler, SeriesGroupedSampler, UniformSampler
 from medload.errors import ConfigError
+from medload.storage.store import open_store
 
 
 # ------------------------------------------------------------------------------------ Uniform / grouped
@@ -106,3 +110,51 @@ def test_samplers_drive_a_dataloader():
         loader = DataLoader(data, batch_size=4, sampler=sampler)
         got = torch.cat([batch[0] for batch in loader]).tolist()
         assert got == list(sampler)
+
+
+# ----------------------------------------------------------------------------------------- from_dataset
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return open_store(make_labelled_store(tmp_path_factory.mktemp("samplers")))
+
+
+def _orders(sampler, epochs=(0, 1, 2)) -> list[list[int]]:
+    out = []
+    for epoch in epochs:
+        sampler.set_epoch(epoch)
+        out.append(list(sampler))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["2.5d", "3d"])
+def test_from_dataset_equals_the_sampler_built_from_the_datasets_arrays(store, kind):
+    ds = SliceDataset(store, context=1) if kind == "2.5d" else SlabDataset(store, depth=3, stride=2)
+    assert ds.foreground.any() and not ds.foreground.all() and np.unique(ds.index.patients).size == 5
+    patients, shards, slices = sample_layout(ds)  # cost="slices" weighs a sample by the slices it first covers
+    pairs = [
+        (UniformSampler.from_dataset(ds, seed=4, num_samples=50), UniformSampler(len(ds), seed=4, num_samples=50)),
+        (ForegroundSampler.from_dataset(ds, p=0.5, seed=4), ForegroundSampler(ds.foreground, p=0.5, seed=4)),
+        (SeriesGroupedSampler.from_dataset(ds, seed=4, block=2), SeriesGroupedSampler(ds.index.series, seed=4, block=2)),
+        (DistributedPatientSampler.from_dataset(ds, rank=1, world_size=2, seed=4, cost="slices"),
+         DistributedPatientSampler(patients, rank=1, world_size=2, seed=4, shards=shards, weights=slices)),
+    ]
+    for made, by_hand in pairs:
+        assert type(made) is type(by_hand) and len(made) == len(by_hand)
+        orders = _orders(made)
+        assert orders == _orders(by_hand) and orders[0] != orders[1]
+        assert set(orders[0]) <= set(range(len(ds)))
+
+
+def test_foreground_sampler_from_a_dataset_without_labels_says_labels_are_needed(store):
+    ds = SliceDataset(store, context=0, labels=False)
+    assert ds.foreground is None
+    with pytest.raises(ConfigError, match="needs labels"):
+        ForegroundSampler.from_dataset(ds)
+    assert len(UniformSampler.from_dataset(ds)) == len(ds) == 36  # the others need no labels
+
+
+@pytest.mark.parametrize("sampler", [UniformSampler, ForegroundSampler, SeriesGroupedSampler,
+                                     DistributedPatientSampler])
+def test_from_dataset_refuses_arrays_and_names_the_constructor(sampler):
+    with pytest.raises(ConfigError, match=f"{sampler.__name__}.from_dataset takes a SliceDataset"):
+        sampler.from_dataset(np.zeros(10, np.int32))

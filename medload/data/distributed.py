@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch.distributed as dist
 
-from medload.data.samplers import _EpochSampler, _group, _ids, _int, _rng, _stable_argsort
+from medload.data.samplers import _EpochSampler, _group, _ids, _index_of, _int, _rng, _stable_argsort
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
 
@@ -363,6 +363,7 @@ class DistributedPatientSampler(_EpochSampler):
         to measured read seconds (e.g. from a timed pass over the store). A series' cost is spread over
         its samples in proportion to the slices each one is first to cover.
         """
+        _index_of(dataset, cls.__name__)
         patients, shards, slices = sample_layout(dataset)
         series, start = dataset.index.series, dataset.index.z.astype(np.int64)
         per_series = _series_costs(dataset.records, cost)[series]

@@ -261,6 +261,14 @@ class DeviceLoader:
         if hasattr(self.augment, "set_epoch"):
             self.augment.set_epoch(epoch)
 
+    @property
+    def sampler(self) -> DeviceLoader:
+        """The loader itself: PyTorch Lightning's ``Trainer`` calls ``dataloader.sampler.set_epoch(epoch)``
+        every epoch, which reaches :meth:`set_epoch` (sampler and augmentation) this way."""
+        return self
+
+    batch_sampler = None  # Lightning looks for one beside ``sampler``; the batching is the loader's own
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         ds = self.dataset
         mark = _no_mark if self.profiler is None else self.profiler.mark  # stage clock (medload.data.profile)

@@ -7,14 +7,18 @@ new order after ``set_epoch(epoch)`` (as with torch's ``DistributedSampler``, it
 ``set_epoch`` repeats the order). Orders are built with vectorised numpy, so 10M samples take a fraction of
 a second.
 
-Distributed training splits samples by *patient*, preferring local shards: :mod:`medload.data.distributed`
-(DESIGN.md §6); its sampler shares the helpers here. A sampler decides order, not batch composition: where a
-dataset mixes matrix sizes, :mod:`medload.data.buckets` groups its order into batches of one size.
+Every sampler has ``from_dataset(dataset, **kwargs)``, which takes those arrays from a
+:class:`~medload.data.SliceDataset`/:class:`~medload.data.SlabDataset`; the constructors take the arrays
+themselves (for any dataset). Distributed training splits samples by *patient*, preferring local shards:
+:mod:`medload.data.distributed`; its sampler shares the helpers here. A sampler decides order, not batch
+composition: where a dataset mixes matrix sizes, :mod:`medload.data.buckets` groups its order into batches of
+one size.
 
 Example:
     >>> import numpy as np
     >>> sorted(SeriesGroupedSampler(np.array([0, 0, 1]), seed=0))
     [0, 1, 2]
+    >>> sampler = ForegroundSampler.from_dataset(SliceDataset(store), p=0.5)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -81,6 +85,16 @@ def _stable_argsort(keys: np.ndarray, n_keys: int) -> np.ndarray:
     return np.argsort(keys.astype(np.uint16 if n_keys <= 65536 else np.int64), kind="stable")
 
 
+def _index_of(dataset, sampler: str):
+    """The :class:`~medload.data.index.SampleIndex` of a SliceDataset/SlabDataset, or a ConfigError saying
+    what ``from_dataset`` takes instead."""
+    index = getattr(dataset, "index", None)
+    if index is None or not hasattr(index, "series"):
+        raise ConfigError(f"{sampler}.from_dataset takes a SliceDataset or SlabDataset, got {type(dataset).__name__}: "
+                          f"for other datasets build {sampler}(...) from per-sample arrays")
+    return index
+
+
 def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised."""
     offsets = np.cumsum(lengths) - lengths
@@ -120,6 +134,11 @@ class UniformSampler(_EpochSampler):
         self.num_samples = self.n if num_samples is None else _int("num_samples", num_samples, low=1)
         self.replacement = bool(replacement)
 
+    @classmethod
+    def from_dataset(cls, dataset, **kwargs) -> UniformSampler:
+        """The sampler over every sample of a SliceDataset/SlabDataset (``kwargs`` as the constructor's)."""
+        return cls(len(_index_of(dataset, cls.__name__)), **kwargs)
+
     def _indices(self) -> np.ndarray:
         rng = _rng(self.seed, self.epoch, 1)
         if self.replacement:
@@ -157,6 +176,15 @@ class ForegroundSampler(_EpochSampler):
         self.n = int(fg.size)
         self.seed = _int("seed", seed)
         self.num_samples = self.n if num_samples is None else _int("num_samples", num_samples, low=1)
+
+    @classmethod
+    def from_dataset(cls, dataset, **kwargs) -> ForegroundSampler:
+        """The sampler over a SliceDataset/SlabDataset with labels, drawing on its ``dataset.foreground``."""
+        _index_of(dataset, cls.__name__)
+        if dataset.foreground is None:
+            raise ConfigError("ForegroundSampler needs labels and this dataset has none: ingest them "
+                              "(medload ingest --labels ...) and pass labels=True, or use UniformSampler")
+        return cls(dataset.foreground, **kwargs)
 
     @property
     def base_rate(self) -> float:
@@ -211,6 +239,11 @@ class SeriesGroupedSampler(_EpochSampler):
         within = np.arange(block_series.size) - self._first_block[block_series]
         self._block_start = starts[block_series] + within * step
         self._block_len = np.minimum(self._block_start + step, (starts + sizes)[block_series]) - self._block_start
+
+    @classmethod
+    def from_dataset(cls, dataset, **kwargs) -> SeriesGroupedSampler:
+        """The sampler over a SliceDataset/SlabDataset, grouped by its ``dataset.index.series``."""
+        return cls(_index_of(dataset, cls.__name__).series, **kwargs)
 
     def _indices(self) -> np.ndarray:
         blocks = np.arange(self._block_start.size)

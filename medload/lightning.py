@@ -1,0 +1,212 @@
+"""A PyTorch Lightning ``LightningDataModule`` over a store: ``Trainer.fit(model, datamodule=...)``.
+
+:class:`StoreDataModule` splits the store's series into training and validation sets by patient
+(:func:`split_patients`: no patient in both, the same split for the same seed), builds a
+:class:`~medload.data.SliceDataset` (2.5D) or :class:`~medload.data.SlabDataset` (3D) for each, and hands
+Lightning :func:`~medload.data.make_loader` loaders: batches are read, windowed and augmented by the fast
+path, on the trainer's device. Lightning calls ``set_epoch`` on them every epoch, so each epoch draws a
+new (seeded) order. Needs the ``lightning`` extra: ``pip install medload[lightning]``.
+
+Example:
+    >>> import lightning
+    >>> from medload.lightning import StoreDataModule
+    >>> data = StoreDataModule("stores/sample", context=1, batch_size=8, window="soft_tissue")  # doctest: +SKIP
+    >>> lightning.Trainer(max_epochs=10).fit(model, datamodule=data)                           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from medload.errors import ConfigError, MedloadError
+
+try:
+    import lightning
+except ImportError as exc:
+    raise MedloadError("medload.lightning needs PyTorch Lightning: pip install medload[lightning]") from exc
+
+from medload.data import (AugmentConfig, BatchAugment, DistributedPatientSampler, ForegroundSampler,
+                          SeriesGroupedSampler, SlabDataset, SliceDataset, UniformSampler, make_loader)
+from medload.data.index import SampleIndex
+from medload.data.samplers import _rng
+from medload.storage.store import Store, open_store
+
+__all__ = ["PatientSplit", "split_patients", "StoreDataModule"]
+
+_SPLIT_STREAM = 8  # rng stream of the validation patients (apart from the samplers' streams)
+_SAMPLERS = {"uniform": UniformSampler, "foreground": ForegroundSampler, "grouped": SeriesGroupedSampler,
+             "distributed": DistributedPatientSampler}
+
+
+class PatientSplit(NamedTuple):
+    """Series keys of the training and the validation set (each in the order of the dataset's index)."""
+
+    train: tuple[str, ...]
+    val: tuple[str, ...]
+
+
+def split_patients(data: SliceDataset | SlabDataset | SampleIndex, val_fraction: float,
+                   seed: int = 0) -> PatientSplit:
+    """Split a dataset's series by patient: ``round(val_fraction * patients)`` patients (at least one where
+    ``val_fraction > 0``), drawn from ``seed``, give the validation series, the others the training ones.
+
+    A patient's series all land on one side; the same dataset and seed give the same split. The fraction
+    is of patients, not samples. Series without samples are in neither set.
+
+    Example:
+        >>> split = split_patients(SliceDataset(store), val_fraction=0.2, seed=1)  # doctest: +SKIP
+        >>> train, val = SliceDataset(store, keys=split.train), SliceDataset(store, keys=split.val)  # doctest: +SKIP
+    """
+    index = getattr(data, "index", data)
+    if not isinstance(index, SampleIndex):
+        raise ConfigError(f"split_patients takes a SliceDataset, SlabDataset or SampleIndex, got {type(data).__name__}")
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
+        raise ConfigError(f"val_fraction is a fraction of the patients in [0, 1), got {val_fraction!r}")
+    patients = np.unique(index.patients)
+    n_val = max(1, round(val_fraction * patients.size)) if val_fraction > 0 else 0
+    if n_val >= patients.size and n_val:
+        raise ConfigError(f"val_fraction={val_fraction} of {patients.size} patient(s) leaves none to train on: "
+                          "a patient-level split needs at least two patients (or pass val_fraction=0)")
+    val_patients = _rng(seed, 0, _SPLIT_STREAM).permutation(patients)[:n_val]
+    first = np.unique(index.series, return_index=True)[1]  # a sample of each series that has one
+    series, owner = index.series[first], index.patients[first]
+    in_val = np.isin(owner, val_patients)
+    return PatientSplit(tuple(index.keys[s] for s in series[~in_val].tolist()),
+                        tuple(index.keys[s] for s in series[in_val].tolist()))
+
+
+class StoreDataModule(lightning.LightningDataModule):
+    """Training and validation loaders over a store, split by patient, for ``lightning.Trainer``.
+
+    Args:
+        store: a store path or an open :class:`~medload.Store`.
+        context: 2.5D samples with ``context`` neighbours on each side as channels (the default, 1).
+        depth, stride: 3D slabs of ``depth`` slices every ``stride`` (default ``depth``) instead.
+        plane, labels, modality, kernel, thickness, keys: passed to the datasets (``keys`` filters the
+            series before the split).
+        batch_size, num_workers, window: as in :func:`~medload.data.make_loader`.
+        augment: for training batches: True (the default :class:`~medload.data.AugmentConfig`), an
+            ``AugmentConfig``, or a callable ``(image, label) -> (image, label)``; None: no augmentation.
+        sampler: the training order: ``"uniform"``, ``"foreground"`` (needs labels), ``"grouped"`` (one
+            series at a time) or ``"distributed"`` (by patient, one share per rank: needed with more than
+            one process; validation is then split over the ranks too, each sample once); or a callable
+            taking the training dataset and returning a sampler. Named samplers use ``seed``.
+        val_fraction: fraction of the patients held out for validation (0: no validation loader).
+        seed: of the split, the training order and the augmentation.
+        device: where batches are made; None: the trainer's device (the CPU without a trainer).
+        loader_options: further :func:`~medload.data.make_loader` arguments (``dtype``, ``prefetch_factor``...).
+
+    After ``setup()``: ``split`` (a :class:`PatientSplit`), ``train_dataset`` and ``val_dataset`` (None
+    without validation).
+
+    Example:
+        >>> data = StoreDataModule("stores/ct", depth=32, stride=16, sampler="distributed", window="soft_tissue",
+        ...                        batch_size=2, num_workers=4, augment=True)                   # doctest: +SKIP
+        >>> lightning.Trainer(devices=4, strategy="ddp").fit(model, datamodule=data)             # doctest: +SKIP
+        >>> len(data.split.val), len(data.train_dataset)                                         # doctest: +SKIP
+        (41, 11250)
+    """
+
+    def __init__(self, store: str | os.PathLike | Store, *, context: int | None = None, depth: int | None = None,
+                 stride: int | None = None, plane: str | None = None, labels: bool | None = None,
+                 modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
+                 thickness: tuple[float, float] | None = None, keys=None, batch_size: int = 8,
+                 num_workers: int | str = 0, window=None, augment: bool | AugmentConfig | Callable | None = None,
+                 sampler: str | Callable = "uniform", val_fraction: float = 0.2, seed: int = 0,
+                 device=None, loader_options: Mapping | None = None) -> None:
+        super().__init__()
+        if depth is not None and context is not None:
+            raise ConfigError("pass context= (2.5D slices) or depth= (3D slabs), not both")
+        if depth is None and stride is not None:
+            raise ConfigError("stride= steps 3D slabs: pass depth= with it")
+        if not (augment is None or isinstance(augment, (bool, AugmentConfig)) or callable(augment)):
+            raise ConfigError(f"augment must be True, an AugmentConfig or a callable (image, label) -> (image, label); "
+                              f"got {augment!r}")
+        if not (callable(sampler) or isinstance(sampler, str) and sampler in _SAMPLERS):
+            raise ConfigError(f"sampler must be one of {', '.join(_SAMPLERS)} or a callable taking the training "
+                              f"dataset; got {sampler!r}")
+        self.store = store
+        self.context, self.depth, self.stride = (1 if context is None and depth is None else context), depth, stride
+        self.dataset_options = {"plane": plane, "labels": labels, "modality": modality, "kernel": kernel,
+                        "thickness": thickness}
+        self.keys = keys
+        self.batch_size, self.num_workers, self.window = batch_size, num_workers, window
+        self.augment, self.sampler, self.val_fraction, self.seed = augment, sampler, val_fraction, seed
+        self.device, self.loader_options = device, dict(loader_options or {})
+        self.split: PatientSplit | None = None
+        self.train_dataset = self.val_dataset = None
+
+    def setup(self, stage: str | None = None) -> None:
+        """Open the store, split its patients and build the datasets (once; later calls keep them)."""
+        if self.split is not None:
+            return
+        if not isinstance(self.store, Store):
+            self.store = open_store(self.store)
+        self.split = split_patients(self._dataset(self.keys), self.val_fraction, self.seed)
+        self.train_dataset = self._dataset(self.split.train)
+        self.val_dataset = self._dataset(self.split.val) if self.split.val else None
+
+    def train_dataloader(self):
+        """Training batches in the chosen sampler's order, new each epoch (Lightning calls ``set_epoch``)."""
+        ds = self._built(self.train_dataset)
+        return make_loader(ds, self.batch_size, self.num_workers, self._device(), window=self.window,
+                           sampler=self._train_sampler(ds), augment=self._augment(), **self.loader_options)
+
+    def val_dataloader(self):
+        """Validation batches in index order (no validation patients: an empty list, which Lightning skips)."""
+        ds = self._built(self.val_dataset)
+        if ds is None:
+            return []
+        sampler = None
+        if self.sampler == "distributed":
+            rank, world_size = self._ranks()
+            sampler = DistributedPatientSampler.from_dataset(ds, rank=rank, world_size=world_size, seed=self.seed,
+                                                             shuffle=False, even="none")
+        return make_loader(ds, self.batch_size, self.num_workers, self._device(), window=self.window,
+                           shuffle=False, sampler=sampler, **self.loader_options)
+
+    # ---- helpers ----------------------------------------------------------------------------------
+    def _dataset(self, keys) -> SliceDataset | SlabDataset:
+        if self.depth is not None:
+            return SlabDataset(self.store, self.depth, self.stride, keys=keys, **self.dataset_options)
+        return SliceDataset(self.store, self.context, keys=keys, **self.dataset_options)
+
+    def _built(self, dataset):
+        """``dataset`` once ``setup()`` has run, and the sampler fits the trainer's processes."""
+        if self.split is None:
+            raise ConfigError("call setup() first (Trainer.fit does): it splits the store into the datasets")
+        world_size = self._ranks()[1]
+        if isinstance(self.sampler, str) and self.sampler != "distributed" and (world_size or 1) > 1:
+            raise ConfigError(f"the trainer runs {world_size} processes and sampler={self.sampler!r} would give "
+                              "each the same samples: pass sampler='distributed'")
+        return dataset
+
+    def _ranks(self) -> tuple[int | None, int | None]:
+        """(rank, world_size) of the attached trainer; (None, None) without one: torch.distributed's."""
+        if self.trainer is None:
+            return None, None
+        return self.trainer.global_rank, self.trainer.world_size
+
+    def _device(self):
+        if self.device is not None:
+            return self.device
+        return self.trainer.strategy.root_device if self.trainer is not None else "cpu"
+
+    def _train_sampler(self, ds):
+        if callable(self.sampler):
+            return self.sampler(ds)
+        if self.sampler == "distributed":
+            rank, world_size = self._ranks()
+            return DistributedPatientSampler.from_dataset(ds, rank=rank, world_size=world_size, seed=self.seed,
+                                                          even="pad")
+        return _SAMPLERS[self.sampler].from_dataset(ds, seed=self.seed)
+
+    def _augment(self):
+        if self.augment is None or self.augment is False or callable(self.augment):
+            return self.augment or None
+        config = AugmentConfig() if self.augment is True else self.augment
+        return BatchAugment(config, device=self._device(), seed=self.seed, spatial_dims=2 if self.depth is None else 3)
