@@ -6,6 +6,7 @@ from medload.data.loader import DeviceLoader, make_loader
 from medload.data.distributed import (DistributedPatientSampler, assign_ranks, locality_order,
                                       partition_by_patient, sample_layout, shards_for_rank)
 from medload.data.samplers import ForegroundSampler, SeriesGroupedSampler, UniformSampler
+from medload.data.splits import PatientSplit, split_patients
 
 
 def __getattr__(name: str):
@@ -20,4 +21,5 @@ def __getattr__(name: str):
 
 __all__ = ["SliceDataset", "SlabDataset", "make_loader", "DeviceLoader", "MedloadReader", "AugmentConfig",
            "BatchAugment", "UniformSampler", "ForegroundSampler", "SeriesGroupedSampler", "DistributedPatientSampler",
-           "partition_by_patient", "assign_ranks", "locality_order", "shards_for_rank", "sample_layout"]
+           "partition_by_patient", "assign_ranks", "locality_order", "shards_for_rank", "sample_layout",
+           "PatientSplit", "split_patients"]
