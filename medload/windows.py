@@ -1,6 +1,6 @@
 """CT display windows (width/level in HU), the one place they are defined.
 
-Presets are the ones OHIF ships (DESIGN.md §4): brain 80/40, soft tissue 400/40, lung 1500/-600,
+Presets are the ones the OHIF viewer ships: brain 80/40, soft tissue 400/40, lung 1500/-600,
 liver 150/90, bone 2500/480. A custom window is written ``"WIDTH/LEVEL"`` (e.g. ``"350/50"``).
 
 The mapping is MONAI's ``ScaleIntensityRange(a_min=level - width/2, a_max=level + width/2, b_min=0,
@@ -77,9 +77,15 @@ def parse_list(text: str | None) -> tuple[Window, ...]:
     return out
 
 
-def to_uint8(hu: np.ndarray, window: Window) -> np.ndarray:
-    """Window HU values to uint8 0..255 (clip, scale, round half to even)."""
-    lo, hi = window.bounds
+def to_uint8(hu: np.ndarray, window: str | Window) -> np.ndarray:
+    """Window HU values to uint8 0..255 (clip, scale, round half to even); ``window`` is a
+    :class:`Window`, a preset name or ``"WIDTH/LEVEL"`` (see :func:`get`).
+
+    Example:
+        >>> to_uint8(np.array([-1350, -600, 150]), "lung").tolist()
+        [0, 128, 255]
+    """
+    lo, hi = get(window).bounds
     scaled = (np.clip(hu.astype(np.float32), lo, hi) - np.float32(lo)) * np.float32(255.0 / (hi - lo))
     return np.rint(scaled).astype(np.uint8)
 
@@ -88,8 +94,11 @@ def scale_intensity(window: str | Window, keys: str | tuple[str, ...] = "image")
     """The window as a ready MONAI ``ScaleIntensityRanged`` (HU in the window -> 0..1, clipped).
 
     Example:
-        >>> scale_intensity("lung").a_min, scale_intensity("lung").a_max   # doctest: +SKIP
+        >>> lung = scale_intensity("lung")
+        >>> lung.scaler.a_min, lung.scaler.a_max
         (-1350.0, 150.0)
+        >>> lung({"image": np.array([-2000.0, -600.0, 500.0])})["image"].tolist()
+        [0.0, 0.5, 1.0]
     """
     from monai.transforms import ScaleIntensityRanged
 

@@ -384,10 +384,10 @@ def test_stored_windows_equal_to_uint8_of_ground_truth(tmp_path: Path, run_inges
     rec = the_volume(report, store, gen)
     assert set(rec.windows) == {"lung", "soft_tissue"}
     for name in ("lung", "soft_tissue"):
-        planes = store.read(rec.key, window=name)
+        planes = store.read(rec.key, plane=name)
         assert planes.dtype == np.uint8
         np.testing.assert_array_equal(planes, win.to_uint8(gen.hu, win.get(name)))
-        np.testing.assert_array_equal(store.read(rec.key, 2, 5, window=name), planes[2:5])
+        np.testing.assert_array_equal(store.read(rec.key, 2, 5, plane=name), planes[2:5])
 
 
 @pytest.mark.parametrize("name", sorted(win.PRESETS))
@@ -551,6 +551,6 @@ def test_custom_window_planes_are_read_by_their_width_and_level(tmp_path: Path, 
     report, store = run_ingest(tmp_path / "src", windows=("350/50",))
     rec = the_volume(report, store, gen)
     expected = win.to_uint8(gen.hu, win.get("350/50"))
-    assert np.array_equal(store.read(rec.key, window="350/50"), expected)
+    assert np.array_equal(store.read(rec.key, plane="350/50"), expected)
     with pytest.raises(ConfigError, match="no stored 'lung' planes"):
-        store.read(rec.key, window="lung")
+        store.read(rec.key, plane="lung")

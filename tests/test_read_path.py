@@ -147,9 +147,30 @@ def test_window_planes_and_hu_are_cached_apart(store_path):
     path, gens = store_path
     store = open_store(path, "1MB")
     key = store.series()[0].key
-    hu, lung = store.read(key, 0, 3), store.read(key, 0, 3, window="lung")
+    hu, lung = store.read(key, 0, 3), store.read(key, 0, 3, plane="lung")
     assert hu.dtype == np.int16 and lung.dtype == np.uint8
-    assert np.array_equal(store.read(key, 0, 3, window="lung"), lung) and np.array_equal(store.read(key, 0, 3), hu)
+    assert np.array_equal(store.read(key, 0, 3, plane="lung"), lung) and np.array_equal(store.read(key, 0, 3), hu)
+
+
+def test_window_is_the_deprecated_spelling_of_plane(store_path):
+    """``window=`` still reads the stored plane, with a DeprecationWarning that points at the caller."""
+    path, _ = store_path
+    store = open_store(path, "1MB")
+    key = store.series()[0].key
+    old_spellings = {
+        "read": (lambda **kw: store.read(key, 1, 4, **kw), np.array_equal),
+        "planes": (lambda **kw: store.planes(key, 1, 4, **kw), lambda a, b: all(map(np.array_equal, a, b))),
+        "plane_dtype": (lambda **kw: store.plane_dtype(key, **kw), lambda a, b: a == b == np.uint8),
+        "prefetch": (lambda **kw: store.prefetch([(key, 1, 4)], **kw), lambda a, b: a is b is None),
+    }
+    for method, (call, same) in old_spellings.items():
+        with pytest.warns(DeprecationWarning, match=rf"Store\.{method}\(window=.*plane='lung'") as caught:
+            old = call(window="lung")
+        assert caught[0].filename == __file__, f"{method}: the warning should name the caller's line"
+        assert same(old, call(plane="lung")), method
+        with pytest.raises(ConfigError, match="alone"):
+            call(plane="lung", window="lung")
+    assert not np.array_equal(store.read(key, 1, 4, plane="lung"), store.read(key, 1, 4))
 
 
 def test_read_label_without_labels_says_how_to_get_them(store_path):

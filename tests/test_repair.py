@@ -58,7 +58,7 @@ def _key(store, depth: int) -> str:
 def _same_data(store, reference, key: str) -> bool:
     a, b = open_store(store), open_store(reference)
     return (np.array_equal(a.read(key), b.read(key)) and a.record(key).digest == b.record(key).digest
-            and np.array_equal(a.read(key, window="lung"), b.read(key, window="lung")))
+            and np.array_equal(a.read(key, plane="lung"), b.read(key, plane="lung")))
 
 
 def test_force_replaces_a_healthy_series(built, store):

@@ -260,7 +260,7 @@ class SliceDataset(_StoreDataset):
     def _read_item(self, i: int, image: np.ndarray) -> None:
         rec, z = self._sample(i)
         a, e, lo = self._edges(rec, z)
-        self.store.read(rec.key, a, e, window=self.plane, out=image[lo : lo + e - a])
+        self.store.read(rec.key, a, e, plane=self.plane, out=image[lo : lo + e - a])
         image[:lo] = image[lo]                        # replicate the first slice
         image[lo + e - a :] = image[lo + e - a - 1]   # replicate the last slice
 
@@ -316,7 +316,7 @@ class SlabDataset(_StoreDataset):
 
     def _read_item(self, i: int, image: np.ndarray) -> None:
         rec, z = self._sample(i)
-        self.store.read(rec.key, z, z + self.depth, window=self.plane, out=image[0])
+        self.store.read(rec.key, z, z + self.depth, plane=self.plane, out=image[0])
 
     def _span(self, rec: SeriesRecord, z: int) -> tuple[int, int]:
         return z, z + self.depth

@@ -72,7 +72,7 @@ class MedloadReader(ImageReader):
         store = self._store(ref.store)
         rec = store.record(ref.key)
         depth = rec.shape[0]
-        reader = store.read_label if ref.label else lambda *a: store.read(*a, window=ref.plane)
+        reader = store.read_label if ref.label else lambda *a: store.read(*a, plane=ref.plane)
         z0 = ref.z0
         if ref.context is None:
             array = reader(rec.key, ref.z0, ref.z1)

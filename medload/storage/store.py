@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +36,8 @@ from medload.storage.keys import match_key, slice_key
 from medload.storage.live import merge, read_shard
 from medload.storage.manifest import Manifest, ShardEntry, read_manifest, shard_path
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
+from medload.storage.selection import select_series, slab_starts
+from medload.storage.uri import item_uri
 from medload.storage.value_reads import advise_values, read_values
 
 if TYPE_CHECKING:
@@ -178,31 +182,49 @@ class Store:
         return sorted(out, key=lambda r: (r.source, r.stage, r.reason))
 
     def items(self, *, context: int | None = None, depth: int | None = None, stride: int | None = None,
-              plane: str | None = None, labels: bool = False) -> list[dict[str, str]]:
-        """``medload:`` URIs of every 2.5D stack (``context=k``) or 3D slab (``depth=D``, every
-        ``stride`` slices), as ``{"image": uri}`` (and ``"label"`` with ``labels=True``) for MONAI's
-        ``LoadImaged(keys=..., reader=MedloadReader())``.
+              plane: str | None = None, labels: bool = False, modality: str | Sequence[str] | None = None,
+              kernel: str | Sequence[str] | None = None, thickness: tuple[float, float] | None = None,
+              keys: str | Iterable[str] | None = None) -> list[dict[str, str | int]]:
+        """Every 2.5D stack (``context=k``) or 3D slab (``depth=D``, every ``stride`` slices) as a dict
+        for MONAI's ``LoadImaged(keys=..., reader=MedloadReader())``: ``"image"`` (and ``"label"`` with
+        ``labels=True``) a ``medload:`` URI, plus the datasets' ``"key"`` (series key), ``"z"`` (the
+        centre slice of a stack, the first slice of a slab) and ``"index"`` (position in the list).
+
+        ``modality``, ``kernel``, ``thickness``, ``keys`` filter the series as the datasets do (see
+        :func:`~medload.storage.selection.select_series`), so ``items[i]`` is the sample ``i`` of a
+        :class:`~medload.data.SliceDataset` (or :class:`~medload.data.SlabDataset`) with the same
+        arguments. ``plane``: a uint8 plane stored at ingest instead of HU.
 
         Example:
-            >>> items = store.items(context=1, labels=True)   # doctest: +SKIP
-            >>> LoadImaged(keys=["image", "label"], reader=MedloadReader())(items[0])["image"].shape
+            >>> items = store.items(context=1, modality="CT")   # doctest: +SKIP
+            >>> sorted(items[1]), items[1]["z"], items[1]["index"]
+            (['image', 'index', 'key', 'z'], 1, 1)
+            >>> LoadImaged(keys=["image"], reader=MedloadReader())(items[1])["image"].shape
             torch.Size([512, 512, 3])
         """
-        from medload.data.index import slab_index, slice_index  # (the data package imports this module)
-        from medload.storage.uri import item_uri
-
         if (context is None) == (depth is None):
             raise ConfigError("give either context=k (2.5D stacks) or depth=D (3D slabs)")
-        records = self.series()
-        index = slice_index(records) if context is not None else slab_index(records, depth, stride or depth)
-        out = []
-        for s, z in zip(index.series.tolist(), index.z.tolist()):
-            key = index.keys[s]
-            span = {"context": context} if context is not None else {"z1": z + depth}
-            item = {"image": item_uri(self.path, key, z, plane=plane, **span)}
-            if labels:
-                item["label"] = item_uri(self.path, key, z, label=True, **span)
-            out.append(item)
+        if context is not None and context < 0:
+            raise ConfigError(f"context must be >= 0 neighbours, got {context}")
+        records = select_series(self.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
+        if not records:
+            raise ConfigError(f"no series of {self.path} match the filters: check them with `medload ls {self.path}`")
+        plane = None if plane is None else windows.get(plane).name
+        for rec in records:
+            self._plane(rec, plane)  # a series without the stored plane fails here, not at its first load
+        if labels and (missing := [r.key[:12] for r in records if r.key_bytes not in self._all_labels()]):
+            raise ConfigError(f"{len(missing)} of {len(records)} series have no labels (e.g. {missing[0]}): "
+                              "filter them out (keys=...) or ingest their labels")
+        starts = [range(r.shape[0]) for r in records] if depth is None else slab_starts(records, depth, stride or depth)
+        out: list[dict[str, str | int]] = []
+        for rec, zs in zip(records, starts):
+            for z in map(int, zs):
+                span = {"context": context} if depth is None else {"z1": z + depth}
+                item = {"image": item_uri(self.path, rec.key, z, plane=plane, **span)}
+                if labels:
+                    item["label"] = item_uri(self.path, rec.key, z, label=True, **span)
+                item.update(key=rec.key, z=z, index=len(out))
+                out.append(item)
         return out
 
     def stats(self) -> dict[str, dict]:
@@ -213,28 +235,30 @@ class Store:
         return out
 
     # ---- slices ------------------------------------------------------------------------------
-    def read(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, window: str | None = None,
-             verify: bool | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    def read(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, plane: str | None = None,
+             verify: bool | None = None, out: np.ndarray | None = None, window: str | None = None) -> np.ndarray:
         """Slices ``z0 <= z < z1`` of a series as one ``(z1 - z0, rows, columns)`` array.
 
-        HU int16 for CT (float32 where the rescale is not integral), or uint8 planes of a window stored
-        at ingest (``window="lung"`` or ``"350/50"``). Each value's checksum is verified unless
-        ``verify=False`` (default: the cache settings' ``verify``). ``out``, a C-contiguous array of the
-        right shape and dtype (e.g. a slot of a batch buffer), is filled and returned instead of a new one.
+        HU int16 for CT (float32 where the rescale is not integral), or the uint8 planes of a window
+        stored at ingest (``plane="lung"`` or ``"350/50"``; ``window=`` is its deprecated old spelling).
+        Each value's checksum is verified unless ``verify=False`` (default: the cache settings'
+        ``verify``). ``out``, a C-contiguous array of the right shape and dtype (e.g. a slot of a batch
+        buffer), is filled and returned instead of a new one.
         """
         rec = self.record(key)
-        return self._read(rec, *self._plane(rec, window), z0, z1, verify, out)
+        return self._read(rec, *self._plane(rec, _plane_arg(plane, window, "read")), z0, z1, verify, out)
 
-    def plane_dtype(self, key: str | bytes, window: str | None = None) -> np.dtype:
-        """The dtype :meth:`read` returns for this series (and window)."""
-        return self._plane(self.record(key), window)[1]
+    def plane_dtype(self, key: str | bytes, plane: str | None = None, *, window: str | None = None) -> np.dtype:
+        """The dtype :meth:`read` returns for this series (and stored plane)."""
+        return self._plane(self.record(key), _plane_arg(plane, window, "plane_dtype"))[1]
 
-    def _plane(self, rec: SeriesRecord, window: str | None) -> tuple[bytes, np.dtype]:
-        name = None if window is None else windows.get(window).name  # "350/50" names its custom window
+    def _plane(self, rec: SeriesRecord, plane: str | None) -> tuple[bytes, np.dtype]:
+        name = None if plane is None else windows.get(plane).name  # "350/50" names its custom window
         if name is None:
             return sh.SLICES, np.dtype(_NUMPY_DTYPES[rec.dtype])
         if name not in rec.windows:
-            raise ConfigError(f"series {rec.key[:12]} has no stored {window!r} planes (it has {list(rec.windows) or 'none'})")
+            raise ConfigError(f"series {rec.key[:12]} has no stored {plane!r} planes (it has {list(rec.windows) or 'none'}): "
+                              f"ingest them with `medload ingest ... --windows {name}`")
         return sh.window_db(name), np.dtype(np.uint8)
 
     def read_label(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, verify: bool | None = None,
@@ -247,8 +271,8 @@ class Store:
             raise ConfigError(f"series {rec.key[:12]} has no labels: ingest them with `medload ingest ... --labels`")
         return self._read(rec, sh.LABELS, np.dtype(label.dtype), z0, z1, verify, out, shard=label.shard)
 
-    def planes(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, window: str | None = None,
-               verify: bool | None = None) -> list[np.ndarray]:
+    def planes(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, plane: str | None = None,
+               verify: bool | None = None, window: str | None = None) -> list[np.ndarray]:
         """Slices ``z0 <= z < z1`` as a list of ``(rows, columns)`` arrays, without copying what the L1
         cache holds: its arrays are returned themselves (read-only), slices it lacks are decoded (and
         cached). For a caller that converts each slice anyway -- the loader casts them straight into a
@@ -259,7 +283,7 @@ class Store:
             [(512, 512), (512, 512)]
         """
         rec = self.record(key)
-        return self._planes(rec, *self._plane(rec, window), z0, z1, verify)
+        return self._planes(rec, *self._plane(rec, _plane_arg(plane, window, "planes")), z0, z1, verify)
 
     def _read(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None,
               verify: bool | None, out: np.ndarray | None = None, shard: str | None = None) -> np.ndarray:
@@ -330,19 +354,21 @@ class Store:
         self._tiers.count(tier, z1 - z0, nbytes)
 
     # ---- read-ahead --------------------------------------------------------------------------
-    def prefetch(self, spans, *, window: str | None = None, labels: bool = False) -> None:
+    def prefetch(self, spans, *, plane: str | None = None, labels: bool = False, window: str | None = None) -> None:
         """Have the operating system start reading these slices from disk now, without waiting: each
         span is ``(key, z0, z1)``. A loader calls it for the batches it will read next, so that their
         disk reads overlap the decoding of this one (see :mod:`medload.storage.value_reads`); slices
-        the L1 holds are skipped. ``labels``: their label maps too.
+        the L1 holds are skipped. ``plane``: of this stored plane (as :meth:`read`); ``labels``: their
+        label maps too.
 
         Example:
             >>> store.prefetch([(key, 10, 13), (other, 0, 3)])   # doctest: +SKIP
             >>> slab = store.read(key, 10, 13)   # from the page cache, if the disk was quick enough
         """
+        plane = _plane_arg(plane, window, "prefetch")
         items = [(self.record(key), z0, z1) for key, z0, z1 in spans]
         if items:
-            self._prefetch(items, self._plane(items[0][0], window)[0])
+            self._prefetch(items, self._plane(items[0][0], plane)[0])
             if labels:
                 self._prefetch([item for item in items if self._all_labels().get(item[0].key_bytes)], sh.LABELS)
 
@@ -360,6 +386,18 @@ class Store:
             if runs:
                 env, _, path = self._tiers.env(self._entries[shard])
                 advise_values(env, path, db, runs)
+
+
+def _plane_arg(plane: str | None, window: str | None, method: str) -> str | None:
+    """The stored plane a read asks for: ``plane=``, or ``window=``, its old spelling (deprecated: "window"
+    now only means windowing HU on the fly, as ``make_loader(window=)`` does)."""
+    if window is None:
+        return plane
+    if plane is not None:
+        raise ConfigError(f"Store.{method}: give plane={plane!r} alone (window= is its deprecated old spelling)")
+    warnings.warn(f"Store.{method}(window=...) is deprecated and goes in the next release: it reads a stored plane, "
+                  f"so spell it plane={window!r}", DeprecationWarning, stacklevel=3)
+    return window
 
 
 def _span(rec: SeriesRecord, z0: int, z1: int | None) -> int:
