@@ -236,3 +236,27 @@ def test_readers_never_see_a_half_written_series(tmp_path):
             break
     assert writer.returncode == 0 and len(seen) == 6
     assert len(visible_counts) >= 3  # the reader really ran while series were being published
+
+
+def _read_in_child(path, key, queue) -> None:
+    queue.put(open_store(path, cache="0").read(key, 0, 2).sum().item())
+
+
+def test_a_forked_child_reads_shards_whose_parent_handles_it_still_references(store_path):
+    """A parent's handle kept alive in the child (here by a cursor, as a thread's frame can) must not make
+    the child's own open fail with py-lmdb's "already open in this process"."""
+    from medload.storage import shard as sh
+
+    path, _ = store_path
+    store = open_store(path, cache="0")
+    rec = store.series()[0]
+    expected = store.read(rec.key, 0, 2).sum().item()
+    held = [env.begin().cursor() for env in list(sh._readers.values())]  # the parent's handles, referenced
+    assert held
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_read_in_child, args=(path, rec.key, queue))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0 and queue.get(timeout=5) == expected
+    assert store.read(rec.key, 0, 2).sum().item() == expected  # the parent's handles still work

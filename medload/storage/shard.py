@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import os
+import threading
 
 import lmdb
 
@@ -62,24 +63,40 @@ def open_read_env(path: Path) -> lmdb.Environment:
 
 _readers: dict[Path, lmdb.Environment] = {}
 _readers_pid = os.getpid()
+_readers_lock = threading.Lock()  # a loader worker opens shards from its read-ahead thread and its main one
+
+
+def _new_lock_in_child() -> None:
+    global _readers_lock
+    _readers_lock = threading.Lock()  # a lock some parent thread held at the fork would stay held
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def reader_env(path: Path) -> lmdb.Environment:
     """The read-only environment of a published shard, opened once per process.
 
     LMDB allows one handle per environment and process, so every :class:`~medload.storage.Store` of a
-    process shares these. After a ``fork`` the parent's handles are dropped unused (never closed, never
-    used) and the child opens its own.
+    process shares these. After a ``fork`` the child closes the handles it inherited and opens its own:
+    py-lmdb refuses a second open of files a handle still holds, and an inherited handle stays alive
+    wherever the parent's objects referenced it (a thread's frame, a cursor), so merely dropping them
+    let a DataLoader worker fail now and then with "already open in this process". Closing is safe
+    for the parent: these handles are read-only without a lock file (``lock=False``), so closing one
+    only unmaps the child's copy.
     """
     global _readers_pid
     path = path.absolute()
-    if _readers_pid != os.getpid():
-        _readers.clear()
-        _readers_pid = os.getpid()
-    env = _readers.get(path)
-    if env is None:
-        env = _readers[path] = open_read_env(path)
-    return env
+    with _readers_lock:  # two threads opening one shard: LMDB refuses the second ("already open")
+        if _readers_pid != os.getpid():
+            for inherited in _readers.values():
+                inherited.close()
+            _readers.clear()
+            _readers_pid = os.getpid()
+        env = _readers.get(path)
+        if env is None:
+            env = _readers[path] = open_read_env(path)
+        return env
 
 
 def close_reader_envs(paths: list[Path]) -> None:
@@ -87,7 +104,8 @@ def close_reader_envs(paths: list[Path]) -> None:
     if _readers_pid != os.getpid():
         return
     for path in paths:
-        env = _readers.pop(path.absolute(), None)
+        with _readers_lock:
+            env = _readers.pop(path.absolute(), None)
         if env is not None:
             forget(path)
             env.close()
