@@ -73,7 +73,7 @@ def test_monai_route_and_fast_loader_give_every_sample_exactly_as_the_dataset(la
     store = open_store(path)
     ds = _datasets(path, key)[kind]
     spans = {"2.5d": {"context": 1}, "3d": {"depth": 4, "stride": 1}}[kind]
-    items = [it for it in store.items(labels=True, **spans) if key in it["image"]]
+    items = store.items(labels=True, keys=[key], **spans)
     load = Compose([LoadImaged(keys=["image", "label"], reader=MedloadReader()), EnsureChannelFirstd(keys=["image", "label"])])
     fast = [b for b in make_loader(ds, batch_size=3, dtype=torch.int16)]
     fast_image = torch.cat([b["image"] for b in fast])
@@ -81,6 +81,7 @@ def test_monai_route_and_fast_loader_give_every_sample_exactly_as_the_dataset(la
     assert len(items) == len(ds) == len(fast_image)
     for i, uri in enumerate(items):
         sample, monai_sample = ds[i], load(uri)
+        assert (uri["key"], uri["z"], uri["index"]) == (sample["key"], sample["z"], sample["index"]) == (key, sample["z"], i)
         assert monai_sample["image"].shape == sample["image"].shape == fast_image[i].shape
         assert monai_sample["label"].shape == sample["label"].shape == fast_label[i].shape
         assert sample["label"].shape[0] == 1  # one label channel for a 1-channel segmentation head
@@ -109,7 +110,7 @@ def test_sample_affine_maps_indices_to_the_series_voxel_they_hold(labelled):
 
 def test_monai_presets_give_a_one_channel_label_for_a_one_channel_head(labelled):
     path, key, _ = labelled
-    items = [it for it in open_store(path).items(context=1, labels=True) if key in it["image"]]
+    items = open_store(path).items(context=1, labels=True, keys=[key])
     for pipeline in (val_transforms("soft_tissue"), train_transforms("soft_tissue", seed=1)):
         out = pipeline(items[3])
         assert out["image"].shape == (3, 32, 40) and out["label"].shape == (1, 32, 40)
@@ -173,3 +174,10 @@ def test_importing_the_datasets_does_not_import_monai():
     code = "import sys, medload.data; from medload.data import SliceDataset, make_loader; print('monai' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_monai_route_warns_about_thin_series_as_the_dataset_does(labelled):
+    path, key, other = labelled
+    with pytest.warns(UserWarning, match="1 of 2 series have fewer than depth=7"):
+        items = open_store(path).items(depth=7)
+    assert {it["key"] for it in items} == {key}

@@ -32,6 +32,7 @@ import torch
 from medload import windows as win
 from medload.data.index import SampleIndex, select_series, slab_index, slice_index
 from medload.data.layout import sample_affine
+from medload.storage.selection import thick_enough
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
 from medload.storage.shard import LABELS
@@ -293,15 +294,7 @@ class SlabDataset(_StoreDataset):
                  kernel: str | Sequence[str] | None = None, thickness: tuple[float, float] | None = None,
                  keys: Sequence[str] | None = None) -> None:
         records = select_series(store.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
-        thin = [r for r in records if r.shape[0] < depth]
-        if thin and len(thin) < len(records):
-            warnings.warn(f"{len(thin)} of {len(records)} series have fewer than depth={depth} slices and give no "
-                          f"samples (thinnest: {min(r.shape[0] for r in thin)}): filter them out (keys=...) or "
-                          "lower depth", UserWarning, stacklevel=2)
-        if records and len(thin) == len(records):
-            raise ConfigError(f"every selected series has fewer than depth={depth} slices (the thickest has "
-                              f"{max(r.shape[0] for r in records)}): lower depth")
-        records = [r for r in records if r.shape[0] >= depth]
+        records = thick_enough(records, depth)
         self.depth = depth
         super().__init__(store, records, slab_index(records, depth, stride or depth), plane=plane, labels=labels)
 

@@ -7,6 +7,7 @@ torch.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
 
-__all__ = ["select_series", "slab_starts"]
+__all__ = ["thick_enough", "select_series", "slab_starts"]
 
 
 def select_series(records: Iterable[SeriesRecord], *, modality: str | Sequence[str] | None = None,
@@ -70,3 +71,18 @@ def slab_starts(records: Sequence[SeriesRecord], depth: int, stride: int) -> lis
             s = np.append(s, d - depth)
         starts.append(s)
     return starts
+
+
+def thick_enough(records: Sequence[SeriesRecord], depth: int) -> list[SeriesRecord]:
+    """The series with at least ``depth`` slices (the others give no slab): a warning names how many were
+    left out, and a ConfigError says when none is left."""
+    thin = [r for r in records if r.shape[0] < depth]
+    if records and len(thin) == len(records):
+        raise ConfigError(f"every selected series has fewer than depth={depth} slices (the thickest has "
+                          f"{max(r.shape[0] for r in records)}): lower depth")
+    if thin:
+        warnings.warn(f"{len(thin)} of {len(records)} series have fewer than depth={depth} slices and give no "
+                      f"samples (thinnest: {min(r.shape[0] for r in thin)}): filter them out (keys=...) or "
+                      "lower depth", UserWarning, stacklevel=3)
+    return [r for r in records if r.shape[0] >= depth]
+

@@ -36,7 +36,7 @@ from medload.storage.keys import match_key, slice_key
 from medload.storage.live import merge, read_shard
 from medload.storage.manifest import Manifest, ShardEntry, read_manifest, shard_path
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
-from medload.storage.selection import select_series, slab_starts
+from medload.storage.selection import select_series, slab_starts, thick_enough
 from medload.storage.uri import item_uri
 from medload.storage.value_reads import advise_values, read_values
 
@@ -209,6 +209,8 @@ class Store:
         records = select_series(self.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
         if not records:
             raise ConfigError(f"no series of {self.path} match the filters: check them with `medload ls {self.path}`")
+        if depth is not None:
+            records = thick_enough(records, depth)
         plane = None if plane is None else windows.get(plane).name
         for rec in records:
             self._plane(rec, plane)  # a series without the stored plane fails here, not at its first load
