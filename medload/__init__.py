@@ -3,9 +3,11 @@
 Example:
     >>> import medload
     >>> from medload.ingest import ingest
-    >>> report = ingest("sample_data/philips_ct_head/dicom", "stores/sample")          # doctest: +SKIP
-    >>> store = medload.open_store("stores/sample")                                     # doctest: +SKIP
-    >>> hu = store.read(store.series()[0].key, 0, 3)  # (3, rows, columns) int16       # doctest: +SKIP
+    >>> report = ingest("sample_data/philips_ct_head/dicom", "stores/sample")
+    >>> store = medload.open_store("stores/sample")
+    >>> hu = store.read(store.series()[0].key, 0, 3)  # (3, rows, columns) int16
+    >>> hu.shape, hu.dtype
+    ((3, 512, 512), dtype('int16'))
 """
 
 __version__ = "0.1.0"  # defined before the imports below: the store writer records it

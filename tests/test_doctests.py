@@ -2,7 +2,8 @@
 
 Examples run in a folder holding ``stores/sample`` (the sample study ingested with a bone label: voxels
 above 300 HU, as ``make demo`` trains on) and ``sample_data``, with ``store`` (that store, open),
-``medload``, ``np`` and ``torch`` in their namespace besides their module's globals. Examples that need a
+``medload``, ``np``, ``torch``, ``SliceDataset``, ``SlabDataset`` and ``make_loader`` in their namespace
+besides their module's globals. Examples that need a
 GPU or minutes of work keep ``# doctest: +SKIP``.
 """
 
@@ -21,6 +22,7 @@ import torch
 import medload
 from conftest import REPO
 from medload.config import IngestConfig
+from medload.data import SlabDataset, SliceDataset, make_loader
 from medload.ingest import ingest
 
 #: Modules whose examples need something a test machine lacks.
@@ -28,8 +30,8 @@ _NEEDS = {"medload.bench.gpu": "CUDA"}
 
 
 def _modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.walk_packages(medload.__path__, "medload.")
-                  if m.name not in _NEEDS and not m.name.endswith("__main__"))
+    return ["medload"] + sorted(m.name for m in pkgutil.walk_packages(medload.__path__, "medload.")
+                                if m.name not in _NEEDS and not m.name.endswith("__main__"))
 
 
 def _examples() -> list[doctest.DocTest]:
@@ -48,14 +50,14 @@ def workdir(tmp_path_factory):
     """A folder with ``stores/sample`` (the sample study, with a bone label) and ``sample_data``."""
     root = tmp_path_factory.mktemp("doctests")
     dicom = REPO / "sample_data" / "philips_ct_head" / "dicom"
-    ingest(dicom, root / "stores" / "sample", config=IngestConfig(workers=1, windows=("lung",)))
+    ingest(dicom, root / "stores" / "sample", config=IngestConfig(workers=1))
     store = medload.open_store(root / "stores" / "sample")
     (rec,) = store.series()
     masks = root / "masks"
     masks.mkdir()
     bone = (store.read(rec.key) > 300).astype(np.uint8)
     nib.save(nib.Nifti1Image(bone.transpose(2, 1, 0), np.asarray(rec.affine)), masks / f"{rec.key[:12]}.nii.gz")
-    ingest(dicom, root / "stores" / "sample", config=IngestConfig(workers=1, windows=("lung",)), labels=[masks])
+    ingest(dicom, root / "stores" / "sample", config=IngestConfig(workers=1), labels=[masks])
     (root / "sample_data").symlink_to(REPO / "sample_data")
     return root
 
@@ -66,7 +68,8 @@ EXAMPLES = _examples()
 @pytest.mark.parametrize("test", EXAMPLES, ids=[t.name for t in EXAMPLES])
 def test_docstring_example_runs(test, workdir, monkeypatch):
     monkeypatch.chdir(workdir)
-    test.globs = {**test.globs, "medload": medload, "np": np, "torch": torch,
+    test.globs = {**test.globs, "medload": medload, "np": np, "torch": torch, "SliceDataset": SliceDataset,
+                  "SlabDataset": SlabDataset, "make_loader": make_loader,
                   "store": medload.open_store(workdir / "stores" / "sample")}
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     failures: list[str] = []

@@ -80,9 +80,9 @@ class LoaderTuning:
     """What ``num_workers="auto"`` chose (``loader.tuning``), the figures it rests on, and why.
 
     Example:
-        >>> loader = make_loader(ds, batch_size=8, num_workers="auto", memory_budget="1GB")  # doctest: +SKIP
-        >>> t = loader.tuning; (t.num_workers, t.prefetch_factor, t.pin_memory, t.memory_bytes <= t.memory_budget)
-        (1, 2, False, True)
+        >>> loader = make_loader(SliceDataset(store), batch_size=8, num_workers="auto", memory_budget="1GB")
+        >>> t = loader.tuning; (t.pin_memory, t.memory_bytes <= t.memory_budget)   # no pinning on a CPU
+        (False, True)
     """
 
     num_workers: int
@@ -258,7 +258,7 @@ def measure_costs(dataset, batch_size: int, device: torch.device, *, window=None
 
     Example:
         >>> costs = measure_costs(SliceDataset(store), 8, torch.device("cpu"), window="soft_tissue")  # doctest: +SKIP
-        >>> costs.steady_read, costs.trainer, costs.cores
+        >>> costs.steady_read, costs.trainer, costs.cores   # doctest: +SKIP
         (0.041, 0.012, 2)
     """
     order = _measure_order(dataset, batch_size, seed)
@@ -280,7 +280,7 @@ def tune_loader(dataset, batch_size: int, device: torch.device, *, window=None, 
 
     Example:
         >>> t = tune_loader(SliceDataset(store), 8, torch.device("cpu"), memory_budget="1GB")  # doctest: +SKIP
-        >>> t.reason
+        >>> t.reason   # doctest: +SKIP
         '1 worker, prefetch 2, no pinning (device cpu): a batch takes 41.0 ms to read ...'
     """
     budget = default_memory_budget() if memory_budget is None else parse_size(memory_budget)

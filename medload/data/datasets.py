@@ -217,7 +217,7 @@ class SliceDataset(_StoreDataset):
         modality, kernel, thickness, keys: filters on the series (see :func:`select_series`).
 
     Example:
-        >>> ds = SliceDataset(medload.open_store("stores/sample"), context=1)   # doctest: +SKIP
+        >>> ds = SliceDataset(medload.open_store("stores/sample"), context=1)
         >>> ds[10]["image"].shape
         torch.Size([3, 512, 512])
     """
@@ -282,7 +282,7 @@ class SlabDataset(_StoreDataset):
     :class:`SliceDataset`.
 
     Example:
-        >>> ds = SlabDataset(medload.open_store("stores/sample"), depth=16, stride=8)   # doctest: +SKIP
+        >>> ds = SlabDataset(medload.open_store("stores/sample"), depth=16, stride=8)
         >>> len(ds), ds[0]["image"].shape     # 28 slices: slabs start at 0, 8 and 12
         (3, torch.Size([1, 16, 512, 512]))
     """

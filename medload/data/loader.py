@@ -232,9 +232,9 @@ class DeviceLoader:
     while :func:`medload.data.profile.profile` times this loader's stages.
 
     Example:
-        >>> loader = make_loader(SliceDataset(store), batch_size=8, num_workers="auto")  # doctest: +SKIP
-        >>> loader.tuning.reason
-        '1 worker, prefetch 2, no pinning (device cpu): ...'
+        >>> loader = make_loader(SliceDataset(store), batch_size=8, window="soft_tissue")
+        >>> sorted(next(iter(loader)))     # the sample store has a label
+        ['image', 'index', 'key', 'label', 'z']
     """
 
     def __init__(self, loader: torch.utils.data.DataLoader, buffers: torch.Tensor, device: torch.device,
@@ -387,7 +387,7 @@ def make_loader(dataset, batch_size: int, num_workers: int | str = 0, device: st
 
     Example:
         >>> loader = make_loader(SliceDataset(store, context=1), batch_size=8, num_workers=2,
-        ...                      device="cuda", window="soft_tissue")                 # doctest: +SKIP
+        ...                      device="cpu", window="soft_tissue", shuffle=True)   # or device="cuda"
         >>> batch = next(iter(loader)); batch["image"].shape, batch["image"].dtype
         (torch.Size([8, 3, 512, 512]), torch.float32)
     """

@@ -7,7 +7,10 @@ augment per sample on the CPU. The fast path (:func:`medload.data.make_loader` w
 
 Example:
     >>> from monai.data import Dataset, DataLoader
-    >>> ds = Dataset(store.items(context=1, labels=True), transform=train_transforms("soft_tissue"))  # doctest: +SKIP
+    >>> ds = Dataset(store.items(context=1, labels=True), transform=train_transforms("soft_tissue"))
+    >>> batch = next(iter(DataLoader(ds, batch_size=2)))
+    >>> batch["image"].shape, batch["label"].shape, batch["z"].tolist()   # the datasets' layout and schema
+    (torch.Size([2, 3, 512, 512]), torch.Size([2, 1, 512, 512]), [0, 1])
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def repair_store(store: str | Path, sources: Sequence[str | Path] = (), *, label
 
     Example:
         >>> result = repair_store("stores/ct", ["/archive/ct"])   # doctest: +SKIP
-        >>> result.ok, [s.status for s in result.series]
+        >>> result.ok, [s.status for s in result.series]   # doctest: +SKIP
         (True, ['replaced'])
     """
     root = Path(store)

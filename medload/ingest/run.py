@@ -68,9 +68,9 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     into shards. Not with ``force``.
 
     Example:
-        >>> report = ingest("sample_data/philips_ct_head/dicom", "stores/sample")  # doctest: +SKIP
-        >>> report.counts["ingested"]
-        1
+        >>> report = ingest("sample_data/philips_ct_head/dicom", "stores/first")
+        >>> report.counts["ingested"], ingest("sample_data/philips_ct_head/dicom", "stores/first").counts["present"]
+        (1, 1)
     """
     cfg = config or IngestConfig()
     cfg = replace(cfg, windows=tuple(w.name for w in win.parse_list(",".join(cfg.windows))))

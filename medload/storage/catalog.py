@@ -7,9 +7,10 @@ the dataset filters (``modality``, ``kernel``, ``slice_thickness``), and a filte
 column feeds a dataset directly.
 
 Example:
-    >>> cat = store.catalog()                                               # doctest: +SKIP
-    >>> bone = cat.query("kernel == 'B70f' and slice_thickness <= 1.5")
-    >>> SliceDataset(store, context=1, keys=bone.key)   # only those series
+    >>> cat = store.catalog()
+    >>> thick = cat.query("kernel == 'UB' and slice_thickness >= 5")
+    >>> len(SliceDataset(store, context=1, keys=thick.key))   # only those series: the sample's 28 slices
+    28
 """
 
 from __future__ import annotations
