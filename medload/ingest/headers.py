@@ -94,6 +94,10 @@ class SliceHeader:
     kernel: str | None = None
     body_part: str | None = None
     window: tuple[tuple[float, float], ...] = ()   # scanner WindowCenter/WindowWidth pairs
+    frame_type: tuple[str, ...] = ()  # FrameType + ComplexImageComponent of an Enhanced frame
+    echo_time: str = ""               # EffectiveEchoTime / EchoTime as written
+    diffusion: str = ""               # "b-value|gradient direction" ("" when neither is present)
+    times: tuple[str, ...] = ()       # values of planes.TIME_ATTRIBUTES ("" absent; clock times as s of day)
 
     @property
     def frame_bytes(self) -> int:
