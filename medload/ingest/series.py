@@ -61,11 +61,13 @@ class SeriesCandidate:
 
         ``int16`` when every plane's rescale is integral and either the modality is CT (HU beyond
         int16 are implausible; a slice that has them is refused, never wrapped) or the header proves
-        every value fits; otherwise ``float32`` -- e.g. PET with fractional slopes, or 16-bit MR whose
+        every value fits (for a Modality LUT Sequence, its entries); otherwise ``float32`` -- e.g. PET with fractional slopes, or 16-bit MR whose
         values may reach 65535.
         """
         if not all(float(h.slope).is_integer() and float(h.intercept).is_integer() for h in self.headers):
             return "float32"
+        if any(h.modality_lut is not None for h in self.headers):  # a table's range is known: no CT shortcut
+            return "int16" if all(fits_int16(h, h.modality) for h in self.headers) else "float32"
         if self.first.modality == "CT" or all(fits_int16(h, h.modality) for h in self.headers):
             return "int16"
         return "float32"
