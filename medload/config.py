@@ -184,7 +184,7 @@ _INGEST_KEYS = {"workers": ("workers", int), "codec": ("codec", str), "windows":
                 "tilt_policy": ("tilt_policy", str), "shard_size": ("shard_bytes", parse_size),
                 "strict": ("strict", bool), "spacing_tolerance_mm": ("spacing_tolerance_mm", float),
                 "worker_memory": ("worker_memory", parse_size), "decode_timeout": ("decode_timeout", float),
-                "plausibility": ("plausibility", str),
+                "plausibility": ("plausibility", str), "time_series": ("time_series", str),
                 "spacing_tolerance_rel": ("spacing_tolerance_rel", float),
                 "duplicate_tolerance_mm": ("duplicate_tolerance_mm", float)}
 
