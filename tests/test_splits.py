@@ -148,3 +148,12 @@ def test_ls_lists_the_split(tmp_path, run_ingest):
     assert "split magnitude" in out and "split phase" in out
     cat = store.catalog()
     assert sorted(cat.split) == ["magnitude", "phase"] and "phase" in cat.set_index("split")["flags"]["phase"]
+
+
+def test_cli_time_series_reject(tmp_path):
+    make_shared_positions(tmp_path / "src", "perfusion", count=4, seed=10)
+    proc = subprocess.run([sys.executable, "-m", "medload.cli", "ingest", str(tmp_path / "src"), str(tmp_path / "s"),
+                           "--workers", "1", "--no-progress", "--time-series", "reject"], capture_output=True, text=True,
+                          env=os.environ.copy())
+    assert proc.returncode == 0, proc.stderr
+    assert "1 rejected" in proc.stdout and "time series of 4 points" in proc.stdout.replace("\n", " ")
