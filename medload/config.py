@@ -107,6 +107,9 @@ class IngestConfig:
         plausibility: what to do with CT pixels that decode but cannot be real (see
             :mod:`medload.ingest.plausibility`): ``"reject"`` the series, ``"flag"`` it (stored, with
             a flag naming the slice), or ``"off"``.
+        time_series: stacks at the same positions over time (fMRI, perfusion, 4-D CT): ``"split"`` into
+            one volume per time point (flags ``t_01``..., linked by ``time_series`` in their records), or
+            ``"reject"`` the series ("time series of N points"); see :mod:`medload.ingest.splits`.
         strict: a run that rejected anything exits non-zero.
 
     Example:
@@ -130,6 +133,7 @@ class IngestConfig:
     worker_memory: int = field(default=4 * 10**9, metadata=_BYTES)
     decode_timeout: float = 60.0
     plausibility: str = "reject"
+    time_series: str = "split"
     strict: bool = False
 
     def __post_init__(self) -> None:
@@ -142,6 +146,8 @@ class IngestConfig:
             raise ConfigError("tolerances must be positive")
         if self.plausibility not in ("reject", "flag", "off"):
             raise ConfigError(f"plausibility {self.plausibility!r}: use 'reject', 'flag' or 'off'")
+        if self.time_series not in ("split", "reject"):
+            raise ConfigError(f"time series policy {self.time_series!r}: use 'split' or 'reject'")
         if self.worker_memory < 0 or self.decode_timeout < 0:
             raise ConfigError("worker memory and decode timeout must be >= 0 (0: no limit)")
 

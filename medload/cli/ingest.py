@@ -47,6 +47,9 @@ class _Source(click.Path):
 @click.option("--plausibility", type=click.Choice(["reject", "flag", "off"]), default=None,
               help="CT pixels that decode but cannot be real (values no scanner writes, a slice unlike its "
                    "neighbours): reject the series (default), flag it, or do not check.")
+@click.option("--time-series", type=click.Choice(["split", "reject"]), default=None,
+              help="Stacks at the same positions over time (fMRI, perfusion, 4-D CT): one volume per time point "
+                   "(default, flags t_01...), or reject the series.")
 @click.option("--key-file", type=click.Path(path_type=Path), default=None,
               help="Pseudonymisation key (default $MEDLOAD_KEY_FILE or ~/.config/medload/pseudonym.key).")
 @click.option("--strict", is_flag=True, default=None, help="Exit 1 if any input was rejected.")
@@ -81,7 +84,8 @@ class _Source(click.Path):
 def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, workers: int | None,
            windows: str | None, codec: str | None, tilt_policy: str | None, shard_bytes: str | None,
            worker_memory: str | None, decode_timeout: float | None, plausibility: str | None,
-           key_file: Path | None, strict: bool | None, label_paths: tuple[Path, ...], roi_map: Path | None,
+           time_series: str | None, key_file: Path | None, strict: bool | None, label_paths: tuple[Path, ...],
+           roi_map: Path | None,
            force_keys: tuple[str, ...], no_progress: bool, scheduler: str | None, query: str | None,
            credentials: Path | None, ca_bundle: Path | None, connections: int | None,
            spool_instances: int | None, calling_aet: str | None) -> None:
@@ -93,7 +97,8 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
     cfg = with_overrides(config.ingest, workers=workers, codec=codec, tilt_policy=tilt_policy,
                          windows=windows,  # "lung,soft_tissue": IngestConfig splits it
                          shard_bytes=size(shard_bytes), worker_memory=size(worker_memory),
-                         decode_timeout=decode_timeout, plausibility=plausibility, strict=strict or None)
+                         decode_timeout=decode_timeout, plausibility=plausibility, time_series=time_series,
+                         strict=strict or None)
     remote = {"query": query, "credentials": credentials, "ca_bundle": ca_bundle, "connections": connections,
               "spool_instances": spool_instances, "calling_aet": calling_aet}
     if any(isinstance(s, str) for s in sources):

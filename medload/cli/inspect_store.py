@@ -49,7 +49,8 @@ def ls_(store: Path, as_json: bool) -> None:
         click.echo(json.dumps([r.to_dict() for r in records], indent=1))
         return
     for r in records:
-        click.echo(f"{r.key}  {r.modality:3s} {'x'.join(map(str, r.shape)):>14s}  digest {r.digest}")
+        split = f"  split {r.split}" if r.split else ""
+        click.echo(f"{r.key}  {r.modality:3s} {'x'.join(map(str, r.shape)):>14s}  digest {r.digest}{split}")
 
 
 @cli.command()

@@ -23,8 +23,15 @@ SliceThickness, WindowCenter/WindowWidth              ``image_type``, ``slice_th
                                                       E.1-1 lists none of them)
 ImagePositionPatient, ImageOrientationPatient,        kept as geometry (``affine``, ``positions``,
 PixelSpacing, pixel data                              ``orientation``, ``spacing``, slices)
+ImageType/FrameType, ComplexImageComponent,           which stack of a series a volume is (``split``,
+EchoTime/EffectiveEchoTime, DiffusionBValue,          ``time_series``, ``time_point``): a name such
+DiffusionGradientOrientation, TemporalPosition-       as ``phase``, ``echo_2`` or ``t_07``, never the
+Identifier/Index, TriggerTime, AcquisitionNumber,     values; AcquisitionTime and
+AcquisitionTime, FrameAcquisitionDateTime             FrameAcquisitionDateTime are read as a time of
+                                                      day only, to order time points, and not kept
 PatientName, PatientBirthDate, PatientSex/Age,        never read, never stored
-AccessionNumber, every date and time, Institution*,
+AccessionNumber, every other date and time,
+Institution*,
 ReferringPhysician/Operators/PerformingPhysician
 Name, StationName, DeviceSerialNumber,
 SeriesDescription/StudyDescription (free text),

@@ -30,6 +30,7 @@ from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import SourceRef, open_source, read_source
 from medload.ingest.encapsulated import check_encapsulated
 from medload.ingest.labels import LABEL_SOP_CLASSES, LabelInput, label_input_from_dataset
+from medload.ingest.modality_lut import read_modality_lut
 from medload.ingest.planes import frame_plane_fields, has_functional_groups, plane_fields
 
 __all__ = ["SliceHeader", "read_headers", "VOLUME_SOP_CLASSES", "NATIVE_SYNTAXES"]
@@ -94,6 +95,11 @@ class SliceHeader:
     kernel: str | None = None
     body_part: str | None = None
     window: tuple[tuple[float, float], ...] = ()   # scanner WindowCenter/WindowWidth pairs
+    frame_type: tuple[str, ...] = ()  # FrameType + ComplexImageComponent of an Enhanced frame
+    echo_time: str = ""               # EffectiveEchoTime / EchoTime as written
+    diffusion: str = ""               # "b-value|gradient direction" ("" when neither is present)
+    times: tuple[str, ...] = ()       # values of planes.TIME_ATTRIBUTES ("" absent; clock times as s of day)
+    modality_lut: tuple[int, bytes] | None = None  # Modality LUT Sequence: (first mapped value, uint16 entries)
 
     @property
     def frame_bytes(self) -> int:
@@ -131,8 +137,15 @@ def read_headers(ref: SourceRef, pseudo: Pseudonymizer, cfg: IngestConfig) -> li
     base["pixel_offset"] = value_offset if syntax in NATIVE_SYNTAXES else None
     base["number_of_frames"] = frames
     if has_functional_groups(ds):
+        if "ModalityLUTSequence" in ds:
+            raise InputProblem("header", "Modality LUT Sequence (0028,3000) at the top of an Enhanced object (its "
+                                         "frames take PixelValueTransformationSequence): not applied, so refused")
         return [SliceHeader(frame=i, **base, **plane) for i, plane in enumerate(frame_plane_fields(ds, frames))]
-    return [SliceHeader(frame=None, **base, **plane_fields(ds))]
+    plane = plane_fields(ds)
+    lut = read_modality_lut(ds)
+    if lut is not None:  # the LUT replaces the rescale (pydicom's apply_modality_lut)
+        plane.update(slope=1.0, intercept=0.0, has_rescale=True)
+    return [SliceHeader(frame=None, **base, **plane, modality_lut=lut)]
 
 
 class _Bounded:

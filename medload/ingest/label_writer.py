@@ -5,6 +5,13 @@ labels, records and index entries together); a label for a series stored earlier
 of its own in the current shard. A label input is tried on each series it may belong to (a
 SeriesInstanceUID can hold several volumes: orientations, matrix sizes) and lands on the first whose
 grid it fits; one that fits none, or references no series, is quarantined with the reason.
+
+A series keeps one label map. Where several label objects fit one series (two RTSTRUCTs of different
+readers, a SEG beside an RTSTRUCT), the choice is deterministic and independent of file names and
+order: a DICOM SEG before an RTSTRUCT (voxels as drawn, not rasterised contours) before a NIfTI/NRRD
+mask, and among those of one kind the smallest content hash (:func:`~medload.ingest.labels.label_fingerprint`).
+The others are reported as ``skipped`` (status ``skipped`` in the report and in ``rejects --all``),
+naming the label that was kept -- they are valid, not rejected.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ __all__ = ["LabelAssigner"]
 
 log = logging.getLogger(__name__)
 
+#: kinds of label input by preference where several fit one series
+_KIND_ORDER = {"seg": 0, "rtstruct": 1, "nifti": 2, "nrrd": 2, "mha": 2}
+
 
 class LabelAssigner:
     """Which label goes to which series, for one ingest run."""
@@ -42,7 +52,7 @@ class LabelAssigner:
         volumes = [c for c in candidates if not c.skip_reason]
         #: per label input, the keys of the series it may belong to, in the order they are tried
         self.pending: dict[LabelInput, list[bytes]] = {}
-        for inp in sorted(inputs, key=lambda i: (i.kind, i.display)):
+        for inp in sorted(inputs, key=self._preference):
             keys = self._targets(inp, volumes)
             if keys:
                 self.pending[inp] = keys
@@ -50,6 +60,14 @@ class LabelAssigner:
                 self._reject(inp, None, "references no series of this ingest or the store "
                                         "(check its ReferencedSeriesSequence, or map it with --labels map.csv)")
         self.last_error: dict[LabelInput, str] = {}
+
+    def _preference(self, inp: LabelInput) -> tuple:
+        """Which of several label inputs for one series is kept: SEG, RTSTRUCT, masks; then content hash."""
+        try:
+            content = label_fingerprint(inp, self.roi_map)
+        except InputProblem:
+            content = ""  # unreadable: it fails when placed, and is quarantined then
+        return _KIND_ORDER.get(inp.kind, len(_KIND_ORDER)), content, inp.display
 
     def _targets(self, inp: LabelInput, volumes: list[SeriesCandidate]) -> list[bytes]:
         everything = list(dict.fromkeys([c.key for c in volumes] + sorted(self.stored)))
@@ -85,7 +103,7 @@ class LabelAssigner:
                 if key in other_keys:
                     other_keys.remove(key)
                     if not other_keys:
-                        self._finish_unplaced(other, f"series {key.hex()[:12]} already has the label {inp.display}")
+                        self._skip(other, key, inp)
             return inp, volume
         return None
 
@@ -146,6 +164,14 @@ class LabelAssigner:
                     "the series already has a different label; the stored one is left unchanged"))
 
     # ---- quarantine ------------------------------------------------------------------------------
+    def _skip(self, inp: LabelInput, key: bytes, kept: LabelInput) -> None:
+        """``inp`` also fits series ``key``, which keeps ``kept``: reported, not rejected."""
+        self.pending.pop(inp, None)
+        reason = (f"series {key.hex()[:12]} has several label objects and keeps one, {kept.display} "
+                  f"({kept.kind}; chosen SEG before RTSTRUCT before masks, then by content hash)")
+        self.report.labels.append(LabelOutcome(key.hex(), inp.display, "skipped", inp.kind, (), reason))
+        self.report.rejects.append(RejectRecord("skipped", "labels", reason, inp.display, series=key.hex()))
+
     def _finish_unplaced(self, inp: LabelInput, reason: str | None = None) -> None:
         self.pending.pop(inp, None)
         self._reject(inp, None, reason or self.last_error.get(inp, "fits none of the series it references"))

@@ -15,7 +15,8 @@ Steps, per plane, following DICOM PS3.3 C.7.6.3 (Image Pixel) and C.11.1 (Modali
    rescale defines them, and photometric interpretation applies after it, at display.
 5. Modality LUT: value = stored * RescaleSlope + RescaleIntercept, per plane (slopes and intercepts
    may differ between slices). Integral rescales stay integers (int16 HU, checked to fit); others
-   become float32 -- never rounded.
+   become float32 -- never rounded. A Modality LUT Sequence (0028,3000) replaces the rescale, applied
+   as pydicom's ``apply_modality_lut`` does (:mod:`medload.ingest.modality_lut`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pydicom.uid import ExplicitVRBigEndian
 
 from medload.errors import InputProblem
 from medload.ingest.headers import SliceHeader
+from medload.ingest.modality_lut import apply_modality_lut, lut_range
 
 __all__ = ["LoadedFile", "decode_plane", "fits_int16", "PADDING_FILL"]
 
@@ -106,7 +108,7 @@ def _stored_scalar(value: int, h: SliceHeader) -> int:
 
 def fits_int16(h: SliceHeader, modality: str) -> bool:
     """Whether every possible stored value, rescaled (and padding fill), fits int16: no range scan needed."""
-    lo, hi = _stored_range(h)
+    lo, hi = lut_range(h.modality_lut) if h.modality_lut is not None else _stored_range(h)
     ends = (lo * h.slope + h.intercept, hi * h.slope + h.intercept, PADDING_FILL.get(modality, 0))
     return _INT16.min <= min(ends) and max(ends) <= _INT16.max
 
@@ -147,7 +149,9 @@ def decode_plane(file: LoadedFile, h: SliceHeader, modality: str, dtype: str) ->
     if h.photometric == "MONOCHROME1" and not h.has_rescale:
         lo, hi = _stored_range(h)
         stored = (lo + hi) - stored
-    if dtype == "int16":
+    if h.modality_lut is not None:
+        values = apply_modality_lut(stored, h.modality_lut).astype(np.int16 if dtype == "int16" else np.float64)
+    elif dtype == "int16":
         values = _rescale_int(stored, h, modality)
     else:
         values = stored * np.float64(h.slope) + np.float64(h.intercept)

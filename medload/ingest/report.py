@@ -31,7 +31,8 @@ class SeriesOutcome:
 @dataclass(frozen=True)
 class LabelOutcome:
     """One label input: ``ingested`` onto series ``key``, ``present`` (stored before), ``conflict``
-    (the series has a different label) or ``rejected`` (with the reason); or a stored label
+    (the series has a different label), ``skipped`` (the series keeps another of its label objects,
+    see :mod:`medload.ingest.label_writer`) or ``rejected`` (with the reason); or a stored label
     ``dropped`` with the copy of its series that a forced ingest replaced."""
 
     key: str | None

@@ -102,7 +102,8 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
                 label_files += dicom
             refs = _discover(sources, spool, report) + label_files
             headers = engine.headers(refs, report, progress, label_inputs)
-            candidates = group_series(headers)
+            candidates = group_series(headers, time_series=cfg.time_series,
+                                      duplicate_tolerance=cfg.duplicate_tolerance_mm)
             plans = _plan(candidates, writer, cfg, report, forced, force_only)
             assigner = None
             if label_inputs:
@@ -177,6 +178,10 @@ def _plan(candidates: list[SeriesCandidate], writer: StoreWriter, cfg: IngestCon
         if cand.skip_reason:
             report.series.append(SeriesOutcome(status="skipped", reason=cand.skip_reason, **outcome))
             report.rejects.append(_series_record(cand, "skipped", "series", cand.skip_reason))
+            continue
+        if cand.reject_reason:
+            report.series.append(SeriesOutcome(status="rejected", reason=cand.reject_reason, **outcome))
+            report.rejects.append(_series_record(cand, "rejected", "series", cand.reject_reason))
             continue
         stored = writer.series_fingerprints.get(cand.key)
         if stored is not None and cand.key not in forced:

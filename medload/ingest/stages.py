@@ -244,9 +244,12 @@ def _commit(state: _SeriesInProgress, cfg: IngestConfig, labels: LabelAssigner |
         slice_thickness=h.slice_thickness,
         scanner_windows=h.window,
         windows=cfg.windows,
-        flags=tuple(geom.flags + _header_flags(h) + flags),
+        flags=tuple(cand.flags + geom.flags + _header_flags(h) + flags),
         padding_voxels=state.padding,
         frame_of_reference=h.frame_of_reference,
+        split=cand.split,
+        time_series=cand.time_series,
+        time_point=cand.time_point,
     )
     label = None
     if labels is not None:

@@ -1,12 +1,18 @@
 """NIfTI / NRRD label masks placed onto the voxel grid of their series.
 
-SimpleITK reads both formats into one physical convention (LPS mm, whatever the file's own space: a
-NIfTI's RAS sform/qform and a NRRD's ``space`` field are converted on read), so a mask is placed by
-the physical position of its voxels, never by its array order. A mask on the series grid (same size,
-origin and spacing within :data:`GRID_TOLERANCE_MM`, direction within :data:`DIRECTION_TOLERANCE`) is
-taken as is; any other overlapping grid (shifted, other spacing, flipped or permuted axes, another
-orientation) is resampled onto the series grid with nearest neighbour (``resampled=True``, with a
-note saying whether the two grids share voxel centres, in which case nothing is lost).
+NIfTI is read with nibabel, with MONAI ``NibabelReader``'s rule for its geometry (:func:`nifti_affine`):
+the sform when sform_code is not 0, else the qform when qform_code is not 0, else the pixdim scaling --
+unless that transform's voxel sizes disagree with pixdim and the other one agrees -- and voxel values as
+``img.dataobj`` gives them (scl_slope/scl_inter applied).
+Its RAS affine is turned to LPS, so any affine works, sheared or with non-orthonormal axes too. NRRD
+(and MetaImage) is read with SimpleITK, which converts a NRRD's ``space`` field to LPS. Either way a
+mask is placed by the physical position of its voxels, never by its array order. A mask on the series
+grid (same size, origin and spacing within :data:`GRID_TOLERANCE_MM`, direction within
+:data:`DIRECTION_TOLERANCE`) is taken as is; any other overlapping grid (shifted, other spacing, flipped
+or permuted axes, another orientation) is resampled onto the series grid with nearest neighbour
+(``resampled=True``, with a note saying whether the two grids share voxel centres, in which case
+nothing is lost): with SimpleITK where the mask's axes are orthonormal, else by mapping every series
+voxel centre through the mask's affine.
 
 Values are class ids: integer masks, or float masks whose values are whole numbers (0/1). Fractional
 floats (probabilities) are refused rather than silently thresholded.
@@ -16,16 +22,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import nibabel as nib
 import numpy as np
 import SimpleITK as sitk
 
-from medload.labels.grid import LabelProblem, LabelVolume, SeriesGrid
+from medload.labels.grid import RAS_TO_LPS, LabelProblem, LabelVolume, SeriesGrid
 
-__all__ = ["mask_to_grid", "image_affine_lps", "GRID_TOLERANCE_MM", "DIRECTION_TOLERANCE"]
+__all__ = ["mask_to_grid", "image_affine_lps", "nifti_affine", "GRID_TOLERANCE_MM", "DIRECTION_TOLERANCE"]
 
 GRID_TOLERANCE_MM = 1e-3
 DIRECTION_TOLERANCE = 1e-4
 _MAX_CLASS = np.iinfo(np.uint16).max
+_NIFTI = (".nii", ".nii.gz")
 
 
 def image_affine_lps(image: sitk.Image) -> np.ndarray:
@@ -37,30 +45,77 @@ def image_affine_lps(image: sitk.Image) -> np.ndarray:
     return affine
 
 
-def _read(path: Path) -> sitk.Image:
-    if not path.is_file():
-        raise LabelProblem(f"mask {path} does not exist")
+def _not_3d(name: str, dims: int, components: int) -> LabelProblem:
+    return LabelProblem(f"mask {name} is {dims}-D with {components} components per voxel: expected a 3-D scalar "
+                        "label image (split 4-D / one-hot masks into one label map first)")
+
+
+def nifti_affine(image: nib.Nifti1Image) -> np.ndarray:
+    """The RAS affine MONAI's ``NibabelReader`` gives a NIfTI: nibabel's best affine (sform, qform, pixdim
+    by their codes), replaced by the other transform when its voxel sizes disagree with pixdim and the
+    other's agree (``monai.data.utils.correct_nifti_header_if_necessary``)."""
+    header = image.header
+    dims = int(header["dim"][0])
+    best = np.asarray(image.affine, dtype=np.float64)
+    if dims >= 5:
+        return best
+    pixdim = np.asarray(header.get_zooms())[:dims]
+
+    def agrees(affine: np.ndarray) -> bool:
+        return bool(np.allclose(np.sqrt(np.sum(affine[:-1, :dims] ** 2, axis=0)), pixdim))
+
+    if agrees(best):
+        return best
+    sform, qform = image.get_sform(), image.get_qform()
+    for code, own, other in (("sform_code", sform, qform), ("qform_code", qform, sform)):
+        if header[code] != 0:
+            if agrees(own):
+                return best
+            if agrees(other):
+                return np.asarray(other, dtype=np.float64)
+    return best
+
+
+def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(values (z, y, x), affine of voxel (x, y, z) in LPS)`` of a NIfTI, as MONAI's NibabelReader reads it."""
+    try:
+        image = nib.load(path)
+        values = np.asanyarray(image.dataobj)
+    except Exception as err:  # nibabel raises many types on damaged files
+        raise LabelProblem(f"cannot read mask {path.name} with nibabel: {type(err).__name__}: {err}") from None
+    if values.ndim == 4 and values.shape[3] == 1:
+        values = values[..., 0]
+    if values.ndim != 3:
+        raise _not_3d(path.name, values.ndim, 1)
+    return values.transpose(2, 1, 0), RAS_TO_LPS @ nifti_affine(image)
+
+
+def _read_sitk(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(values (z, y, x), affine of voxel (x, y, z) in LPS)`` of a NRRD or MetaImage, read with SimpleITK."""
     try:
         image = sitk.ReadImage(str(path))
     except RuntimeError as err:
         first = str(err).strip().splitlines()[-1] if str(err).strip() else "unknown error"
         raise LabelProblem(f"cannot read mask {path.name} with SimpleITK: {first}") from None
     if image.GetDimension() != 3 or image.GetNumberOfComponentsPerPixel() != 1:
-        raise LabelProblem(f"mask {path.name} is {image.GetDimension()}-D with "
-                           f"{image.GetNumberOfComponentsPerPixel()} components per voxel: expected a 3-D "
-                           "scalar label image (split 4-D / one-hot masks into one label map first)")
-    return image
+        raise _not_3d(path.name, image.GetDimension(), image.GetNumberOfComponentsPerPixel())
+    return sitk.GetArrayFromImage(image), image_affine_lps(image)
 
 
-def _labels(image: sitk.Image, name: str) -> np.ndarray:
+def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    if not path.is_file():
+        raise LabelProblem(f"mask {path} does not exist")
+    return _read_nifti(path) if path.name.lower().endswith(_NIFTI) else _read_sitk(path)
+
+
+def _labels(arr: np.ndarray, name: str) -> np.ndarray:
     """The mask's voxels as non-negative integer class ids ``(z, y, x)``."""
-    arr = sitk.GetArrayViewFromImage(image)
     if arr.dtype.kind == "f":
         if not np.isfinite(arr).all() or (arr != np.round(arr)).any():
             raise LabelProblem(f"mask {name} holds non-integer values (a probability map?): threshold it to "
                                "class ids (0/1 or 0..N) before placing it")
     elif arr.dtype.kind not in "iub":
-        raise LabelProblem(f"mask {name} has pixel type {image.GetPixelIDTypeAsString()}: expected integers")
+        raise LabelProblem(f"mask {name} has pixel type {arr.dtype}: expected integers")
     if arr.size and (arr.min() < 0 or arr.max() > _MAX_CLASS):
         raise LabelProblem(f"mask {name} has values from {arr.min()} to {arr.max()}: class ids must be in "
                            f"0..{_MAX_CLASS}")
@@ -68,29 +123,60 @@ def _labels(image: sitk.Image, name: str) -> np.ndarray:
     return np.asarray(arr, dtype=np.uint8 if top <= 255 else np.uint16)
 
 
-def _same_grid(image: sitk.Image, reference: sitk.Image) -> bool:
-    return (tuple(image.GetSize()) == tuple(reference.GetSize())
-            and np.allclose(image.GetOrigin(), reference.GetOrigin(), rtol=0, atol=GRID_TOLERANCE_MM)
-            and np.allclose(image.GetSpacing(), reference.GetSpacing(), rtol=0, atol=GRID_TOLERANCE_MM)
-            and np.allclose(image.GetDirection(), reference.GetDirection(), rtol=0, atol=DIRECTION_TOLERANCE))
+def _same_grid(shape: tuple[int, ...], affine: np.ndarray, grid: SeriesGrid) -> bool:
+    return (tuple(shape) == tuple(grid.shape)
+            and np.allclose(affine[:3, 3], grid.affine_lps[:3, 3], rtol=0, atol=GRID_TOLERANCE_MM)
+            and np.allclose(np.linalg.norm(affine[:3, :3], axis=0), np.linalg.norm(grid.affine_lps[:3, :3], axis=0),
+                            rtol=0, atol=GRID_TOLERANCE_MM)
+            and np.allclose(_directions(affine), _directions(grid.affine_lps), rtol=0, atol=DIRECTION_TOLERANCE))
 
 
-def _box_in_grid(image: sitk.Image, grid: SeriesGrid) -> tuple[np.ndarray, np.ndarray]:
+def _directions(affine: np.ndarray) -> np.ndarray:
+    return affine[:3, :3] / np.linalg.norm(affine[:3, :3], axis=0)
+
+
+def _box_in_grid(size_xyz: np.ndarray, affine: np.ndarray, grid: SeriesGrid) -> tuple[np.ndarray, np.ndarray]:
     """Bounds, in grid voxel indices ``(column, row, slice)``, of the mask's extent (voxel edges)."""
-    size = np.asarray(image.GetSize(), float)
-    corners = np.array(np.meshgrid(*[[-0.5, s - 0.5] for s in size], indexing="ij")).reshape(3, -1).T
-    world = (image_affine_lps(image) @ np.c_[corners, np.ones(len(corners))].T).T[:, :3]
+    corners = np.array(np.meshgrid(*[[-0.5, s - 0.5] for s in size_xyz], indexing="ij")).reshape(3, -1).T
+    world = (affine @ np.c_[corners, np.ones(len(corners))].T).T[:, :3]
     idx = grid.to_index(world)
     return idx.min(axis=0), idx.max(axis=0)
 
 
-def _shares_centres(image: sitk.Image, grid: SeriesGrid) -> bool:
-    """Whether every grid voxel centre is a mask voxel centre (axes permuted/flipped, whole-voxel shifts)."""
-    m = np.linalg.inv(image_affine_lps(image)) @ grid.affine_lps
+def _shares_centres(affine: np.ndarray, grid: SeriesGrid) -> bool:
+    """Whether every grid voxel centre is a mask voxel centre (axes permuted/flipped, whole-voxel shifts,
+    whole-voxel shears): the map from grid to mask indices is integral."""
+    m = np.linalg.inv(affine) @ grid.affine_lps
     rot = m[:3, :3]
-    perm = np.abs(np.round(rot))
-    return (np.abs(rot - np.round(rot)).max() < DIRECTION_TOLERANCE and (perm.sum(axis=0) == 1).all()
-            and (perm.sum(axis=1) == 1).all() and np.abs(m[:3, 3] - np.round(m[:3, 3])).max() < 1e-3)
+    return bool(np.abs(rot - np.round(rot)).max() < DIRECTION_TOLERANCE
+                and np.abs(m[:3, 3] - np.round(m[:3, 3])).max() < 1e-3)
+
+
+def _orthonormal(affine: np.ndarray) -> bool:
+    d = _directions(affine)
+    return bool(np.allclose(d.T @ d, np.eye(3), rtol=0, atol=DIRECTION_TOLERANCE))
+
+
+def _resample(labels: np.ndarray, affine: np.ndarray, grid: SeriesGrid) -> np.ndarray:
+    """Nearest-neighbour values of ``labels`` (z, y, x) at the grid's voxel centres: SimpleITK for a mask
+    with orthonormal axes, else every grid centre mapped through the mask's inverse affine."""
+    if _orthonormal(affine):
+        spacing = np.linalg.norm(affine[:3, :3], axis=0)
+        source = sitk.GetImageFromArray(labels)
+        source.SetOrigin(tuple(float(v) for v in affine[:3, 3]))
+        source.SetSpacing(tuple(float(v) for v in spacing))
+        source.SetDirection(tuple(float(v) for v in _directions(affine).ravel()))
+        out = sitk.Resample(source, grid.sitk_reference(), sitk.Transform(), sitk.sitkNearestNeighbor, 0,
+                            source.GetPixelID())
+        return sitk.GetArrayFromImage(out)
+    d, h, w = grid.shape
+    k, i, j = np.indices((d, h, w)).reshape(3, -1)
+    to_mask = np.linalg.inv(affine) @ grid.affine_lps
+    x, y, z = np.floor((to_mask @ np.stack([j, i, k, np.ones_like(k)]))[:3] + 0.5).astype(np.int64)
+    inside = (x >= 0) & (x < labels.shape[2]) & (y >= 0) & (y < labels.shape[1]) & (z >= 0) & (z < labels.shape[0])
+    out = np.zeros(d * h * w, dtype=labels.dtype)
+    out[inside] = labels[z[inside], y[inside], x[inside]]
+    return out.reshape(d, h, w)
 
 
 def _counts(arr: np.ndarray) -> dict[int, int]:
@@ -115,33 +201,29 @@ def mask_to_grid(path: str | Path, grid: SeriesGrid, *, class_names: dict[int, s
             overlap with the series, or labels that all vanish when resampled onto the series.
     """
     path = Path(path)
-    image = _read(path)
-    labels = _labels(image, path.name)
+    values, affine = _read(path)
+    labels = _labels(values, path.name)
     before = _counts(labels)
-    reference = grid.sitk_reference()
     notes: list[str] = []
     resampled = False
-    if _same_grid(image, reference):
+    if _same_grid(labels.shape, affine, grid):
         data = np.array(labels, copy=True)
     else:
-        lo, hi = _box_in_grid(image, grid)
+        lo, hi = _box_in_grid(np.asarray(labels.shape[::-1], float), affine, grid)
         top = np.asarray(grid.shape[::-1], float) - 0.5
         if (hi < -0.5).any() or (lo > top).any():
             raise LabelProblem(
                 f"mask {path.name} does not overlap the series: its extent covers grid indices (column, row, "
                 f"slice) {np.round(lo, 1).tolist()} to {np.round(hi, 1).tolist()}, the series "
                 f"[0, 0, 0] to {(top - 0.5).astype(int).tolist()}; is it the mask of another series?")
-        source = sitk.GetImageFromArray(labels)
-        source.CopyInformation(image)
-        out = sitk.Resample(source, reference, sitk.Transform(), sitk.sitkNearestNeighbor, 0,
-                            source.GetPixelID())
-        data = sitk.GetArrayFromImage(out)
+        data = _resample(labels, affine, grid)
         resampled = True
-        how = ("the grids share voxel centres, nothing interpolated" if _shares_centres(image, grid)
+        how = ("the grids share voxel centres, nothing interpolated" if _shares_centres(affine, grid)
                else "voxel centres differ, labels interpolated")
-        notes.append(f"resampled by nearest neighbour from a {list(image.GetSize())} grid (origin "
-                     f"{np.round(image.GetOrigin(), 3).tolist()}, spacing {np.round(image.GetSpacing(), 4).tolist()}, "
-                     f"direction {np.round(image.GetDirection(), 4).tolist()}, LPS): {how}")
+        notes.append(f"resampled by nearest neighbour from a {list(labels.shape[::-1])} grid (origin "
+                     f"{np.round(affine[:3, 3], 3).tolist()}, spacing "
+                     f"{np.round(np.linalg.norm(affine[:3, :3], axis=0), 4).tolist()}, direction "
+                     f"{np.round(_directions(affine).ravel(), 4).tolist()}, LPS): {how}")
     after = _counts(data)
     if before and not after:
         raise LabelProblem(f"mask {path.name}: all {sum(before.values())} labelled voxels fall outside the series "

@@ -1,9 +1,11 @@
 """DICOM Segmentation (SEG) objects placed onto the voxel grid of their series.
 
-Read with pydicom directly (highdicom is used by the tests to *write* SEGs): placement needs one pass
-over the functional groups anyway, pydicom 3 decodes one frame at a time (``iter_array``, 1-bit frames
-unpacked even when they are not byte-aligned), and highdicom's look-ups by source image need the raw
+Frames are decoded with pydicom (one at a time, ``iter_array``; 1-bit frames unpacked even when they are
+not byte-aligned) and placed by our own code, since highdicom's look-ups by source image need the raw
 SOPInstanceUIDs while our grid only holds their pseudonyms, and its volumes live on the SEG's own grid.
+A TILED_FULL SEG (DimensionOrganizationType (0020,9311), no per-frame functional groups) has its frames'
+segments and positions computed by highdicom (``iter_tiled_full_frame_data``), then placed the same way;
+the tests cross-check the placement against highdicom's own volume.
 
 Each frame is placed by its own geometry, never by its rank (frames are *not* split evenly over
 segments): its segment is ReferencedSegmentNumber (0062,000B) of its SegmentIdentificationSequence,
@@ -105,12 +107,34 @@ class _Frame:
     refs: list[str]
 
 
+def _tiled_full_frames(ds, n: int) -> list[_Frame]:
+    """Frames of a TILED_FULL SEG, which has no per-frame functional groups: highdicom derives each
+    frame's segment and position from the total pixel matrix (frames ordered by segment, focal plane,
+    tile row, tile column; PS3.3 C.7.6.17.3), in the orientation of ImageOrientationSlide (0048,0102)."""
+    from highdicom.spatial import iter_tiled_full_frame_data
+
+    try:
+        placed = list(iter_tiled_full_frame_data(ds))
+        iop = np.asarray(ds.ImageOrientationSlide, float)
+        spacing = ds.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0].PixelSpacing
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as err:
+        raise LabelProblem(f"TILED_FULL SEG lacks what places its frames (TotalPixelMatrixOriginSequence, "
+                           f"ImageOrientationSlide, shared PixelMeasuresSequence): {err}") from None
+    if len(placed) != n:
+        raise LabelProblem(f"TILED_FULL SEG has {n} frames, its total pixel matrix and segments need {len(placed)}")
+    axes = np.stack([iop[:3] * float(spacing[1]), iop[3:] * float(spacing[0])], axis=1)
+    return [_Frame(k + 1, segment, np.array([x, y, z]), axes, int(ds.Rows), int(ds.Columns), [])
+            for k, (segment, _plane, _column, _row, x, y, z) in enumerate(placed)]
+
+
 def _frames(ds) -> list[_Frame]:
     n = int(ds.get("NumberOfFrames", 1) or 1)
     per_frame = ds.get("PerFrameFunctionalGroupsSequence")
+    if per_frame is None and str(ds.get("DimensionOrganizationType", "")).upper() == "TILED_FULL":
+        return _tiled_full_frames(ds, n)
     if per_frame is None or len(per_frame) != n:
         raise LabelProblem(f"SEG has {n} frames but {0 if per_frame is None else len(per_frame)} "
-                           "PerFrameFunctionalGroupsSequence items (TILED_FULL SEGs are not supported)")
+                           "PerFrameFunctionalGroupsSequence items")
     shared = (ds.get("SharedFunctionalGroupsSequence") or [None])[0]
     frames = []
     for k, fg in enumerate(per_frame):

@@ -21,6 +21,9 @@ class SeriesRecord:
     ``store.read(key).transpose(2, 1, 0)`` is the NIfTI-ordered array that ``affine`` describes.
     Identifiers are keyed pseudonyms, never the DICOM values. ``shard`` is filled in when the record
     is read (it says where the series lives; it is not stored, so shards can be regrouped).
+    ``split`` names the stack of a series that held several at the same positions (``"phase"``,
+    ``"echo_2"``, ``"t_07"``; also among ``flags``), and the time points of one time series share
+    ``time_series`` (an id) and number themselves by ``time_point`` (1..N; 0 outside a time series).
 
     Example:
         >>> rec = store.record(store.series()[0].key[:6])                # a unique key prefix is enough
@@ -55,6 +58,9 @@ class SeriesRecord:
     flags: tuple[str, ...] = ()
     padding_voxels: int = 0
     frame_of_reference: str = ""
+    split: str = ""
+    time_series: str = ""
+    time_point: int = 0
     format: int = _RECORD_FORMAT
 
     def to_dict(self) -> dict:
@@ -152,10 +158,18 @@ class RejectRecord:
         return hashlib.blake2b(ident.encode(), digest_size=16, person=b"medload-reject").digest()
 
 
+#: Fields added after records were first written, left out at their default: a record they do not
+#: concern keeps the bytes it had before they existed.
+_LATER_FIELDS = {"split": "", "time_series": "", "time_point": 0}
+
+
 def _stored_json(record: SeriesRecord | LabelRecord) -> bytes:
     """Compact, key-sorted JSON of a record's fields but ``shard`` (where the reader found it)."""
     doc = asdict(record)
     del doc["shard"]
+    for name, default in _LATER_FIELDS.items():
+        if doc.get(name, default) == default:
+            doc.pop(name, None)
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 

@@ -14,7 +14,7 @@ from medload.synthetic.dataset import Identity, add_identity, new_dataset, save,
 from medload.synthetic.phantom import phantom_hu
 from medload.synthetic.pixels import set_pixel_data
 
-__all__ = ["write_localizer", "write_secondary_capture", "write_broken_files"]
+__all__ = ["write_localizer", "write_secondary_capture", "write_broken_files", "add_modality_lut"]
 
 log = logging.getLogger(__name__)
 
@@ -117,3 +117,25 @@ def write_broken_files(out_dir: Path, source: Path) -> dict[str, Path]:
     save(ds, paths["no_pixels"])
     log.info("wrote broken files %s", ", ".join(str(p) for p in paths.values()))
     return paths
+
+
+def add_modality_lut(path: Path, table: np.ndarray, first_mapped: int = 0, *, words: bool = True,
+                     entries: int | None = None) -> None:
+    """Give the image at ``path`` a Modality LUT Sequence (0028,3000) mapping stored value
+    ``first_mapped + i`` to ``table[i]`` (16-bit entries; LUTData as OW ``words``, else US), in place of
+    its RescaleSlope/Intercept. ``entries`` overrides the count LUTDescriptor declares (to write a broken one)."""
+    ds = pydicom.dcmread(path)
+    item = pydicom.Dataset()
+    count = len(table) if entries is None else entries
+    item.LUTDescriptor = [count % 65536, first_mapped % 65536 if ds.PixelRepresentation else first_mapped, 16]
+    item.ModalityLUTType = "US"
+    data = np.asarray(table, dtype=np.uint16)
+    if words:
+        item.add_new("LUTData", "OW", data.astype("<u2").tobytes())
+    else:
+        item.add_new("LUTData", "US", [int(v) for v in data])
+    ds.ModalityLUTSequence = [item]
+    for keyword in ("RescaleSlope", "RescaleIntercept", "RescaleType"):
+        if keyword in ds:
+            delattr(ds, keyword)
+    ds.save_as(path, enforce_file_format=True)
