@@ -35,6 +35,7 @@ max_frames = 10
 worker_memory = "2GB"
 decode_timeout = 5
 plausibility = "flag"
+time_series = "reject"
 strict = true
 
 [cache]
