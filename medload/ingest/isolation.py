@@ -30,6 +30,7 @@ but its own. A worker exits when its pipe ends, and on Linux is killed when this
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import fcntl
 import logging
 import multiprocessing as mp
@@ -111,6 +112,9 @@ def _serve(tasks: Connection, results: Connection, marker, memory: int, initiali
     """A worker's life: run tasks until told to stop or until the supervisor's end of the pipe closes."""
     for conn in inherited:
         conn.close()
+    # A crash here is the supervisor's to report: it quarantines the input with the signal. A fault
+    # handler inherited from the parent (pytest enables one) would only dump every thread's stack.
+    faulthandler.disable()
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor stops workers; Ctrl-C is for it
     initializer(*initargs)
