@@ -36,6 +36,7 @@ import lmdb
 from medload import __version__
 from medload.errors import ConfigError, StoreError, StoreLockedError
 from medload.storage import shard as sh
+from medload.storage.compact_journal import finish_interrupted
 from medload.storage.keys import match_key, slice_key
 from medload.storage.live import merge, read_shard
 from medload.storage.manifest import (Manifest, ShardEntry, file_digest, fsync_dir, read_manifest, shard_path,
@@ -171,7 +172,9 @@ class StoreWriter:
         return manifest
 
     def _recover(self) -> None:
-        """Publish what a crashed writer left: committed series in staging, shards the manifest missed."""
+        """Publish what a crashed writer left: committed series in staging, shards the manifest missed
+        (after tidying what a killed ``medload compact`` left, whose copies must not be published)."""
+        finish_interrupted(self.root, self.manifest)
         listed = {s.name for s in self.manifest.shards}
         for path in sorted((self.root / "shards").glob("*.lmdb")):
             name = path.name[: -len(".lmdb")]
