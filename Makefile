@@ -19,6 +19,9 @@ $(BIN)/.installed: pyproject.toml
 
 $(BIN)/.dev-installed: $(BIN)/.installed pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
+	@# nnunetv2 pulls torchvision (through timm); a build that does not match the installed torch fails to
+	@# load and breaks MONAI's optional import of it. Nothing of ours needs torchvision: drop one that cannot load.
+	@$(BIN)/python -c "import torchvision" 2>/dev/null || $(BIN)/pip uninstall --quiet -y torchvision
 	touch $@
 
 # System packages the tests use: dcm2niix (reference converter, the geometry oracle); orthanc and
@@ -38,6 +41,7 @@ test: $(BIN)/.dev-installed apt-deps
 	$(BIN)/ruff check medload tests benchmarks sample_data
 	$(BIN)/pytest -q
 	$(BIN)/pytest -q --nbmake notebooks
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
 clean:
-	rm -rf stores runs .pytest_cache .hypothesis
+	rm -rf stores runs .pytest_cache .hypothesis .site

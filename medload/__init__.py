@@ -1,6 +1,6 @@
 """medload: CT/DICOM archives to correct volumes in an LMDB slice store, and fast training input.
 
-Example:
+Examples:
     >>> import medload
     >>> from medload.ingest import ingest
     >>> report = ingest("sample_data/philips_ct_head/dicom", "stores/sample")

@@ -55,7 +55,7 @@ _BYTES = {"unit": "bytes"}
 def affinity_cores() -> int:
     """The cores this process may run on (its affinity mask, e.g. under taskset or a Slurm allocation).
 
-    Example:
+    Examples:
         >>> affinity_cores() >= 1
         True
     """
@@ -112,7 +112,7 @@ class IngestConfig:
             ``"reject"`` the series ("time series of N points"); see :mod:`medload.ingest.splits`.
         strict: a run that rejected anything exits non-zero.
 
-    Example:
+    Examples:
         >>> from medload.ingest import ingest
         >>> cfg = IngestConfig(workers=4, windows="lung", shard_bytes="2GB", tilt_policy="shear")
         >>> cfg.windows, cfg.shard_bytes

@@ -23,7 +23,7 @@ __all__ = [
 class MedloadError(Exception):
     """Base class of every error medload raises.
 
-    Example:
+    Examples:
         >>> try:
         ...     medload.open_store("no/such/store")
         ... except medload.MedloadError as exc:

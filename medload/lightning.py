@@ -7,7 +7,7 @@ Lightning :func:`~medload.data.make_loader` loaders: batches are read, windowed 
 path, on the trainer's device. Lightning calls ``set_epoch`` on them every epoch, so each epoch draws a
 new (seeded) order. Needs the ``lightning`` extra: ``pip install medload[lightning]``.
 
-Example:
+Examples:
     >>> import lightning
     >>> from medload.lightning import StoreDataModule
     >>> data = StoreDataModule("stores/sample", context=1, batch_size=8, window="soft_tissue")  # doctest: +SKIP
@@ -60,7 +60,7 @@ class StoreDataModule(lightning.LightningDataModule):
     After ``setup()``: ``split`` (a :class:`PatientSplit`), ``train_dataset`` and ``val_dataset`` (None
     without validation).
 
-    Example:
+    Examples:
         >>> data = StoreDataModule("stores/ct", depth=32, stride=16, sampler="distributed", window="soft_tissue",
         ...                        batch_size=2, num_workers=4, augment=True)                   # doctest: +SKIP
         >>> lightning.Trainer(devices=4, strategy="ddp").fit(model, datamodule=data)             # doctest: +SKIP

@@ -12,7 +12,7 @@ def segmentation_unet(spatial_dims: int, in_channels: int, *, small: bool = Fals
     """A MONAI UNet with one output channel (foreground logits): widths 32-256, or 8-32 when ``small``
     (a CPU-sized model, as ``--quick`` uses).
 
-    Example:
+    Examples:
         >>> net = segmentation_unet(2, 3, small=True)
         >>> net(torch.zeros(1, 3, 32, 32)).shape
         torch.Size([1, 1, 32, 32])
@@ -27,7 +27,7 @@ def segmentation_unet(spatial_dims: int, in_channels: int, *, small: bool = Fals
 class TrainStep:
     """One optimisation step of ``model``: forward, Dice loss (sigmoid), backward, AdamW update.
 
-    Example:
+    Examples:
         >>> step = TrainStep(segmentation_unet(2, 3, small=True), lr=3e-3)
         >>> loss = step(torch.rand(2, 3, 32, 32), (torch.rand(2, 1, 32, 32) > 0.5).float())
         >>> loss.shape

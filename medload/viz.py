@@ -6,7 +6,7 @@ the HU (a PNG from :func:`write_png` has one pixel per voxel and those values), 
 blended over them in colour (class c gets colour c-1 of matplotlib's ``tab10``). The plotting functions
 draw on a given matplotlib ``ax`` or make a new figure, and return what they drew on.
 
-Example:
+Examples:
     >>> from medload import viz
     >>> viz.show_slice(store, key, 14, window="bone", label=True)   # doctest: +SKIP
     >>> viz.montage(store, key, window="brain")                     # doctest: +SKIP
@@ -62,7 +62,7 @@ def render(image, window: str | win.Window | None = "soft_tissue", label=None, *
         label: ``(H, W)`` class ids (0 = background; floats are rounded), or None.
         alpha: opacity of the label colours.
 
-    Example:
+    Examples:
         >>> render(np.array([[-1000, 40, 1000]]), "soft_tissue")[..., 0]
         array([[  0, 128, 255]], dtype=uint8)
     """
@@ -122,7 +122,7 @@ def write_png(store: Store, key: str, out: str | Path, z: int | None = None, *, 
     """Write slice ``z`` (default: the middle one) of a series as a PNG, one pixel per voxel (what
     ``medload view`` does); with ``count=N``, a montage of N slices spread over the series instead.
 
-    Example:
+    Examples:
         >>> write_png(store, key, "slice.png", z=10, window="lung", label=True)   # doctest: +SKIP
         PosixPath('slice.png')
     """
@@ -166,7 +166,7 @@ def show_slice(store: Store, key: str, z: int, window="soft_tissue", *, label: b
     """Draw slice ``z`` of a series in a window, with its label classes over it (``label=True``),
     at the voxels' true aspect ratio.
 
-    Example:
+    Examples:
         >>> show_slice(store, key, 14, window="lung", label=True)   # doctest: +SKIP
         <Axes: title={'center': '3f2a9c01d4e7 z=14 lung (1500/-600)'}>
     """
@@ -188,7 +188,7 @@ def show_sample(sample: Mapping, window="soft_tissue", *, alpha: float = 0.4, ax
     ``sample`` is a :class:`~medload.SliceDataset`/:class:`~medload.SlabDataset` item, or any mapping
     with ``"image"`` (and ``"label"``), e.g. one sample of a batch with ``window=None``.
 
-    Example:
+    Examples:
         >>> show_sample(SliceDataset(store, context=2)[14], window="bone")   # doctest: +SKIP
         >>> show_sample({"image": batch["image"][0], "label": batch["label"][0]}, window=None)  # doctest: +SKIP
     """
@@ -226,7 +226,7 @@ def montage(store: Store, key: str, window="soft_tissue", *, count: int = 16, co
             label: bool = False, alpha: float = 0.4, ax: Axes | None = None) -> Axes:
     """Draw ``count`` slices spread evenly over a series in a grid, each marked with its index.
 
-    Example:
+    Examples:
         >>> montage(store, key, window="brain", count=12, columns=4)   # doctest: +SKIP
     """
     rec = store.record(key)
@@ -250,7 +250,7 @@ def hu_histogram(store: Store, key: str, *, bins: int = 256, hu_range: tuple[flo
     """Draw the HU histogram of a series (log counts; at most ``max_slices`` slices spread over it), with
     the ranges of ``windows`` shaded.
 
-    Example:
+    Examples:
         >>> hu_histogram(store, key, windows=("brain", "bone"))   # doctest: +SKIP
     """
     rec = store.record(key)

@@ -7,7 +7,7 @@ The mapping is MONAI's ``ScaleIntensityRange(a_min=level - width/2, a_max=level 
 b_max=1, clip=True)``; :func:`to_uint8` scales that to 0..255 and rounds, which is how pre-windowed
 planes are stored at ingest (``medload ingest --windows lung,soft_tissue``).
 
-Example:
+Examples:
     >>> from medload import windows
     >>> windows.get("lung").bounds
     (-1350.0, 150.0)
@@ -81,7 +81,7 @@ def to_uint8(hu: np.ndarray, window: str | Window) -> np.ndarray:
     """Window HU values to uint8 0..255 (clip, scale, round half to even); ``window`` is a
     :class:`Window`, a preset name or ``"WIDTH/LEVEL"`` (see :func:`get`).
 
-    Example:
+    Examples:
         >>> to_uint8(np.array([-1350, -600, 150]), "lung").tolist()
         [0, 128, 255]
     """
@@ -93,7 +93,7 @@ def to_uint8(hu: np.ndarray, window: str | Window) -> np.ndarray:
 def scale_intensity(window: str | Window, keys: str | tuple[str, ...] = "image"):
     """The window as a ready MONAI ``ScaleIntensityRanged`` (HU in the window -> 0..1, clipped).
 
-    Example:
+    Examples:
         >>> lung = scale_intensity("lung")
         >>> lung.scaler.a_min, lung.scaler.a_max
         (-1350.0, 150.0)

@@ -58,8 +58,8 @@ def test_every_field_is_a_toml_key_of_the_same_name(tmp_path):
             assert getattr(loaded, f.name) != getattr(default, f.name), f"[{section}] {f.name} was not read"
 
 
-def test_the_readme_config_example_uses_the_current_names(tmp_path):
-    (block,) = re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+def test_the_documented_config_example_uses_the_current_names(tmp_path):
+    (block,) = re.findall(r"```toml\n(.*?)```", (REPO / "docs" / "cli.md").read_text(), re.S)
     path = tmp_path / "readme.toml"
     path.write_text(block)
     with warnings.catch_warnings():

@@ -16,7 +16,7 @@ PUBLIC = [name for name in medload.__all__ if not name.startswith("__")]
 @pytest.mark.parametrize("name", PUBLIC)
 def test_every_public_name_has_a_docstring_with_an_example(name):
     doc = inspect.getdoc(getattr(medload, name)) or ""
-    assert "Example:" in doc and ">>>" in doc.split("Example:", 1)[1], f"medload.{name} needs an Example: section"
+    assert "Examples:" in doc and ">>>" in doc.split("Examples:", 1)[1], f"medload.{name} needs an Examples: section"
 
 
 def test_committed_notebooks_have_no_outputs():
@@ -28,3 +28,33 @@ def test_committed_notebooks_have_no_outputs():
         dirty = [i for i, c in enumerate(cells)
                  if c["outputs"] or c["execution_count"] is not None or "execution" in c["metadata"]]
         assert not dirty, f"{path.name}: code cells {dirty} hold outputs; strip them (see notebooks/README.md)"
+
+
+def _python_blocks(path) -> list[str]:
+    import re
+
+    return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
+
+
+def test_the_readme_is_short_and_its_tour_is_the_getting_started_page():
+    readme = REPO / "README.md"
+    assert readme.stat().st_size <= 16 * 1024, "README.md is over 16 KB: move detail into docs/"
+    assert _python_blocks(readme) == _python_blocks(REPO / "docs" / "getting-started.md")
+
+
+def test_the_readme_tour_runs_on_the_sample_on_a_cpu(tmp_path, monkeypatch):
+    (tour,) = _python_blocks(REPO / "README.md")
+    (tmp_path / "sample_data").symlink_to(REPO / "sample_data")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(tour, "README.md", "exec"), namespace)  # noqa: S102 -- the README's own example
+    assert namespace["report"].counts["ingested"] == 1
+    assert tuple(namespace["batch"]["image"].shape) == (4, 3, 512, 512)
+
+
+def test_nothing_in_the_repository_cites_a_design_file_outside_it():
+    name = "DESIGN" + ".md"  # spelled apart, so this file does not cite it
+    skip = {".venv", ".git", ".site", "stores", "runs"}
+    cited = [p.relative_to(REPO) for p in REPO.rglob("*") if p.suffix in {".py", ".md", ".ipynb", ".toml", ".yml"}
+             and not skip & set(p.relative_to(REPO).parts) and name in p.read_text(errors="ignore")]
+    assert cited == [], f"these cite {name}, which is not in the repository: {cited}"

@@ -272,7 +272,7 @@ def _overflowing_rle(path: Path, out: Path) -> Path:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_damaged_compressed_slice_rejects_only_its_series(tmp_path: Path, run_ingest, workers: int) -> None:
-    """A decoder failing on damaged pixel data must not stop the run (DESIGN.md §5), in-process or in workers."""
+    """A decoder failing on damaged pixel data must not stop the run, in-process or in workers."""
     src = tmp_path / "src"
     damaged_series = make_series(src, SeriesSpec(**SMALL, transfer_syntax=RLELossless), seed=57)
     good = make_series(src, SeriesSpec(**SMALL), seed=58, series_number=2)

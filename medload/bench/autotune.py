@@ -76,7 +76,7 @@ def run_autotune(store: str | Path, *, batch_size: int = 8, context: int = 1, wa
     """Samples/s of ``num_workers="auto"`` and of each grid setting on ``store``; ``auto_vs_best`` is the
     auto median over the best grid median.
 
-    Example:
+    Examples:
         >>> sec = run_autotune("stores/sample", batches=20)        # doctest: +SKIP
         >>> sec["auto_vs_best"] >= 0.8   # doctest: +SKIP
         True

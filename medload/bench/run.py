@@ -138,7 +138,7 @@ def run_bench(*, quick: bool = False, json_out: Path | None = None, data: Path |
         scale_dir: where the scale section keeps its data (about 30 GB for the default 100 series), to
             reuse them in a later run with the same sizes; default: a temporary folder, deleted after.
 
-    Example:
+    Examples:
         >>> results = run_bench(quick=True, json_out=Path("bench.json"), plot=Path("bench.png"))  # doctest: +SKIP
 
         ``results["loading"]["2.5d"]["rows"]`` then holds one dict per contender and ``num_workers``

@@ -1,6 +1,6 @@
 """The L2 tier: verified single-file copies of published shards on local SSD, within a byte budget.
 
-Stores often live on NFS or HDD, where LMDB should not be read during training (DESIGN.md §5). A hot
+Stores often live on NFS or HDD, where LMDB should not be read during training. A hot
 directory holds copies of shards' ``data.mdb`` files::
 
     <hot_dir>/<name>.mdb          published copy (open with lmdb.open(path, subdir=False, readonly=True, lock=False))

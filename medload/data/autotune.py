@@ -79,7 +79,7 @@ class LoaderCosts:
 class LoaderTuning:
     """What ``num_workers="auto"`` chose (``loader.tuning``), the figures it rests on, and why.
 
-    Example:
+    Examples:
         >>> loader = make_loader(SliceDataset(store), batch_size=8, num_workers="auto", memory_budget="1GB")
         >>> t = loader.tuning; (t.pin_memory, t.memory_bytes <= t.memory_budget)   # no pinning on a CPU
         (False, True)
@@ -150,7 +150,7 @@ def choose_settings(costs: LoaderCosts, *, batch_bytes: int, l1_bytes: int, memo
     """The settings for these measured costs (a pure function: no measuring, no loader); at most
     ``max_workers`` workers where given.
 
-    Example:
+    Examples:
         >>> costs = LoaderCosts(read=(0.04, 0.05, 0.04), trainer=0.01, cores=4)
         >>> t = choose_settings(costs, batch_bytes=12_582_912, l1_bytes=256_000_000, memory_budget=2 * 10**9,
         ...                     device=torch.device("cpu"), batches=100)
@@ -232,7 +232,7 @@ def measured_rate(dataset, batch_size: int, device: torch.device, tuning: Loader
     """Batches/s of a real loader with ``tuning``'s workers over the measurement's samples (the first
     batch, which starts the workers, not counted): the check of the model's choice.
 
-    Example:
+    Examples:
         >>> measured_rate(SliceDataset(store), 8, torch.device("cpu"), loader.tuning)  # doctest: +SKIP
         96.1
     """
@@ -256,7 +256,7 @@ def measure_costs(dataset, batch_size: int, device: torch.device, *, window=None
     a few batches of distinct random samples, and with ``warm`` the same batches again (from the L1
     cache, as every epoch after the first reads them when the dataset fits it).
 
-    Example:
+    Examples:
         >>> costs = measure_costs(SliceDataset(store), 8, torch.device("cpu"), window="soft_tissue")  # doctest: +SKIP
         >>> costs.steady_read, costs.trainer, costs.cores   # doctest: +SKIP
         (0.041, 0.012, 2)
@@ -278,7 +278,7 @@ def tune_loader(dataset, batch_size: int, device: torch.device, *, window=None, 
     """Measure, then choose ``num_workers``, ``prefetch_factor`` and pinning (what ``make_loader(...,
     num_workers="auto")`` calls); the choice and its reason are logged.
 
-    Example:
+    Examples:
         >>> t = tune_loader(SliceDataset(store), 8, torch.device("cpu"), memory_budget="1GB")  # doctest: +SKIP
         >>> t.reason   # doctest: +SKIP
         '1 worker, prefetch 2, no pinning (device cpu): a batch takes 41.0 ms to read ...'

@@ -12,7 +12,7 @@ series exactly as the sampler does, a bucket holding 30% of the samples gives ab
 spread over the epoch rather than bunched at its end, and no bucket is starved. A dataset of one
 shape is batched exactly like torch's ``BatchSampler``.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> list(ShapeBucketBatchSampler(range(6), np.array([0, 1, 0, 0, 1, 1]), batch_size=2))
     [[0, 2], [1, 4], [3], [5]]
@@ -35,7 +35,7 @@ def shape_buckets(dataset) -> np.ndarray:
     """The bucket number of each sample of a :class:`SliceDataset`/:class:`SlabDataset`: samples share
     a bucket when their series share (rows, columns); buckets are numbered in ascending matrix size.
 
-    Example:
+    Examples:
         >>> shape_buckets(SliceDataset(store, context=1))[:4]     # the sample: one size, one bucket
         array([0, 0, 0, 0])
     """
@@ -57,7 +57,7 @@ class ShapeBucketBatchSampler(Sampler[list[int]]):
     is drawn once per epoch and kept until it is iterated: ``len()`` is the number of batches of the next
     iteration, and ``set_epoch`` (forwarded to the sampler) starts a new draw.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> batches = ShapeBucketBatchSampler(range(5), np.array([0, 1, 0, 1, 0]), batch_size=2, drop_last=True)
         >>> len(batches), list(batches)

@@ -216,7 +216,7 @@ class SliceDataset(_StoreDataset):
         labels: include the centre slice's label map ``(1, H, W)``; None: when every series has one.
         modality, kernel, thickness, keys: filters on the series (see :func:`select_series`).
 
-    Example:
+    Examples:
         >>> ds = SliceDataset(medload.open_store("stores/sample"), context=1)
         >>> ds[10]["image"].shape
         torch.Size([3, 512, 512])
@@ -281,7 +281,7 @@ class SlabDataset(_StoreDataset):
     thinner than ``depth`` give no samples (with a warning naming how many). Arguments as
     :class:`SliceDataset`.
 
-    Example:
+    Examples:
         >>> ds = SlabDataset(medload.open_store("stores/sample"), depth=16, stride=8)
         >>> len(ds), ds[0]["image"].shape     # 28 slices: slabs start at 0, 8 and 12
         (3, torch.Size([1, 16, 512, 512]))

@@ -28,7 +28,7 @@ logs a warning with the figures. The
 assignment does not depend on the epoch: a rank keeps its shards for the whole run, which is what makes
 copying them worthwhile; every epoch reshuffles the order *within* each rank instead.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> assign_ranks(np.array([0, 0, 1, 2, 2, 3]), 2, seed=0, shards=np.array([0, 0, 0, 1, 1, 1])).tolist()
     [0, 0, 0, 1, 1, 1]
@@ -197,7 +197,7 @@ def assign_ranks(patients, world_size: int, *, seed: int, shards=None, weights=N
     Returns:
         int64 rank per entry.
 
-    Example:
+    Examples:
         >>> costs = np.array([100, 30, 30, 40])             # patient 0 alone is half the cost
         >>> assign_ranks(np.arange(4), 2, seed=0, weights=costs).tolist()
         [1, 0, 0, 0]
@@ -265,7 +265,7 @@ def shards_for_rank(records: Sequence[SeriesRecord], rank: int, world_size: int,
     """Names of the shards rank ``rank`` of ``world_size`` reads, for a dataset of these series (``cost`` as
     in :meth:`DistributedPatientSampler.from_dataset`, which must get the same one).
 
-    Example:
+    Examples:
         >>> shards_for_rank(medload.open_store("stores/ct").series(), rank=0, world_size=8, seed=1)  # doctest: +SKIP
         ['20261130T190455-1a2b3c4d', '20261130T190502-9f8e7d6c']
     """
@@ -325,7 +325,7 @@ class DistributedPatientSampler(_EpochSampler):
         shuffle: a new order every epoch (False: ascending sample index).
         even: ``"pad"``, ``"truncate"`` or ``"none"``.
 
-    Example:
+    Examples:
         >>> sampler = DistributedPatientSampler.from_dataset(dataset, rank=0, world_size=2, seed=7)  # doctest: +SKIP
         >>> loader = make_loader(dataset, batch_size=8, sampler=sampler); sampler.set_epoch(1)      # doctest: +SKIP
     """

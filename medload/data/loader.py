@@ -231,7 +231,7 @@ class DeviceLoader:
     ``tuning`` holds what ``num_workers="auto"`` chose and why (None otherwise); ``profiler`` is set
     while :func:`medload.data.profile.profile` times this loader's stages.
 
-    Example:
+    Examples:
         >>> loader = make_loader(SliceDataset(store), batch_size=8, window="soft_tissue")
         >>> sorted(next(iter(loader)))     # the sample store has a label
         ['image', 'index', 'key', 'label', 'z']
@@ -385,7 +385,7 @@ def make_loader(dataset, batch_size: int, num_workers: int | str = 0, device: st
             (:mod:`medload.data.batch_meta`), for ``decollate_batch`` and MONAI post-processing
             (``Invertd``, ``SaveImaged``, ``sliding_window_inference``).
 
-    Example:
+    Examples:
         >>> loader = make_loader(SliceDataset(store, context=1), batch_size=8, num_workers=2,
         ...                      device="cpu", window="soft_tissue", shuffle=True)   # or device="cuda"
         >>> batch = next(iter(loader)); batch["image"].shape, batch["image"].dtype

@@ -32,7 +32,7 @@ class MedloadReader(ImageReader):
     Args:
         cache: cache settings for the stores it opens (one Store per store path and process).
 
-    Example:
+    Examples:
         >>> from monai.transforms import LoadImaged
         >>> load = LoadImaged(keys=["image"], reader=MedloadReader())
         >>> item = load(store.items(depth=16)[0])

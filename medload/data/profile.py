@@ -23,7 +23,7 @@ The read path is timed by wrapping three methods of the store (``Store._planes``
 ``SliceCodec.decompress_into``) in the processes that read, only while a profile runs: a loader that is
 never profiled pays one flag check per batch.
 
-Example:
+Examples:
     >>> loader = make_loader(SliceDataset(store), batch_size=8, num_workers=2)  # doctest: +SKIP
     >>> with profile(loader) as prof:   # doctest: +SKIP
     ...     for batch in loader:
@@ -127,7 +127,7 @@ def timed_batch(slots, batch) -> dict:
     meta dict under ``"profile"``; called in whichever process reads the batch (a worker, or the
     trainer with ``num_workers=0``). Once the profile has ended, takes the probes out again.
 
-    Example:
+    Examples:
         >>> meta = timed_batch(loader.loader.dataset, batch)   # doctest: +SKIP
         >>> sorted(meta["profile"]["stages"])   # doctest: +SKIP
         ['collate', 'decode', 'read_l1', 'read_l2', 'read_l3']
@@ -215,7 +215,7 @@ def profile(loader) -> Iterator[Profile]:
     """Time every stage of ``loader`` (a :class:`~medload.data.loader.DeviceLoader`) while the block
     runs; enter it before the ``for`` loop. Works with any ``num_workers``.
 
-    Example:
+    Examples:
         >>> loader = make_loader(SliceDataset(store), batch_size=8, window="soft_tissue")
         >>> with profile(loader) as prof:
         ...     for batch in loader:
@@ -247,7 +247,7 @@ def profile_training(store, *, batch_size: int = 4, num_workers: int | str = 0, 
     where the store has labels, else the voxels at the top of the window. Returns the report and the
     loader's ``tuning`` (what ``num_workers="auto"`` chose, or None).
 
-    Example:
+    Examples:
         >>> report, _ = profile_training(medload.open_store("stores/sample"), steps=10)   # doctest: +SKIP
         >>> report.verdict()   # doctest: +SKIP
         'compute-bound: 83% of the training loop in the training step; biggest input stage: cast + window (9%)'
@@ -291,7 +291,7 @@ class ProfileReport:
     ``cpu`` its CPU time (less than ``busy`` where reads wait for a disk or network; key -1: the
     trainer process). ``slices`` counts slices served per cache tier.
 
-    Example:
+    Examples:
         >>> rep = prof.report()                                          # doctest: +SKIP
         >>> rep.accounted_s / rep.wall_s > 0.9, rep.biggest_stage()[0]   # doctest: +SKIP
         (True, 'decode')

@@ -14,7 +14,7 @@ themselves (for any dataset). Distributed training splits samples by *patient*, 
 composition: where a dataset mixes matrix sizes, :mod:`medload.data.buckets` groups its order into batches of
 one size.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> sorted(SeriesGroupedSampler(np.array([0, 0, 1]), seed=0))
     [0, 1, 2]

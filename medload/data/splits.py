@@ -1,6 +1,6 @@
 """Patient-level train/validation splits of a dataset's series: no patient on both sides.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> from medload.data.index import SampleIndex
     >>> index = SampleIndex(("a", "b", "c"), np.array([0, 1, 2]), np.zeros(3, np.int32), np.array([0, 0, 1]))
@@ -38,7 +38,7 @@ def split_patients(data, val_fraction: float,
     A patient's series all land on one side; the same dataset and seed give the same split. The fraction
     is of patients, not samples. Series without samples are in neither set.
 
-    Example:
+    Examples:
         >>> split = split_patients(SliceDataset(store), val_fraction=0.2, seed=1)  # doctest: +SKIP
         >>> train, val = SliceDataset(store, keys=split.train), SliceDataset(store, keys=split.val)  # doctest: +SKIP
     """

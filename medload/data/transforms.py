@@ -5,7 +5,7 @@ For users who keep MONAI's dictionary pipelines (a ``CacheDataset``, their own t
 augment per sample on the CPU. The fast path (:func:`medload.data.make_loader` with
 :class:`~medload.data.BatchAugment`) does the same per batch on the device.
 
-Example:
+Examples:
     >>> from monai.data import Dataset, DataLoader
     >>> ds = Dataset(store.items(context=1, labels=True), transform=train_transforms("soft_tissue"))
     >>> batch = next(iter(DataLoader(ds, batch_size=2)))

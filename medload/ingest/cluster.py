@@ -92,7 +92,7 @@ def local_cluster(workers: int) -> Iterator[object]:
     Its nannies read ``distributed.worker.daemon`` each time they (re)start a worker, so this process's
     Dask configuration says False until the cluster is closed.
 
-    Example:
+    Examples:
         >>> with local_cluster(2) as cluster:                                    # doctest: +SKIP
         ...     ingest("dicom/", "stores/ct", scheduler=cluster.scheduler_address)
     """

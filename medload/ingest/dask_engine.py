@@ -1,4 +1,4 @@
-"""Ingest on a Dask cluster: the header pass and decoding run as tasks, this process publishes (DESIGN.md §6).
+"""Ingest on a Dask cluster: the header pass and decoding run as tasks, this process publishes.
 
 1. Header pass: the discovered inputs are cut into batches (about four per worker thread, at most
    2048 files each); a task reads its batch's headers in a decoding process of its own

@@ -1,4 +1,4 @@
-"""Slice order, spacing checks, gantry tilt and the affine of one candidate volume (DESIGN.md §4).
+"""Slice order, spacing checks, gantry tilt and the affine of one candidate volume.
 
 Conventions (DICOM PS3.3 C.7.6.2.1.1): ImageOrientationPatient holds the row cosine ``r`` (direction
 of increasing column index) and the column cosine ``c`` (direction of increasing row index); the

@@ -4,7 +4,7 @@ One :class:`SliceHeader` per image plane (one per frame of an Enhanced multi-fra
 :mod:`medload.ingest.multiframe`). Identifiers are pseudonymised here, in the worker, so raw UIDs and
 patient IDs never leave this function. For native (uncompressed) transfer syntaxes the header records
 where the pixel values start, so the decode pass reads them with one ``read`` and no second parse.
-Declared sizes are checked before any pixel is decoded (DESIGN.md §5): Rows x Columns x
+Declared sizes are checked before any pixel is decoded: Rows x Columns x
 NumberOfFrames against the caps, native Pixel Data against its declared length and the file size,
 and encapsulated Pixel Data item by item (:mod:`medload.ingest.encapsulated`).
 """

@@ -1,4 +1,4 @@
-"""Pixel decoding: stored values to modality values (HU for CT), exactly (DESIGN.md §4).
+"""Pixel decoding: stored values to modality values (HU for CT), exactly.
 
 Steps, per plane, following DICOM PS3.3 C.7.6.3 (Image Pixel) and C.11.1 (Modality LUT):
 

@@ -51,7 +51,7 @@ def repair_store(store: str | Path, sources: Sequence[str | Path] = (), *, label
     """Repair the store at ``store`` from the DICOM under ``sources`` (see the module docstring);
     ``labels`` are given to the ingest (for series whose labels are not among the sources).
 
-    Example:
+    Examples:
         >>> result = repair_store("stores/ct", ["/archive/ct"])   # doctest: +SKIP
         >>> result.ok, [s.status for s in result.series]   # doctest: +SKIP
         (True, ['replaced'])

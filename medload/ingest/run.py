@@ -67,7 +67,7 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     :mod:`medload.ingest.cluster`. The store is the same as without it, bar the grouping of series
     into shards. Not with ``force``.
 
-    Example:
+    Examples:
         >>> report = ingest("sample_data/philips_ct_head/dicom", "stores/first")
         >>> report.counts["ingested"], ingest("sample_data/philips_ct_head/dicom", "stores/first").counts["present"]
         (1, 1)

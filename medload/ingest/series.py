@@ -1,7 +1,7 @@
 """Grouping image planes into series, splitting them into stackable volumes, and classifying them.
 
 Planes are grouped by SeriesInstanceUID (0020,000E) -- through its pseudonym -- and split where they
-cannot share one voxel grid or are not volume data (DESIGN.md §4):
+cannot share one voxel grid or are not volume data:
 
 - orientation: ImageOrientationPatient (0020,0037) clustered within 1e-3 (rounding noise is not a split)
 - matrix: Rows (0028,0010) x Columns (0028,0011), and PixelSpacing (0028,0030)

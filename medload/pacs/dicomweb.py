@@ -108,7 +108,7 @@ def retrievable(series: SeriesRef, instances: Iterable[InstanceRef]) -> list[Ins
     of an unknown one. A series with none (secondary captures, reports, dose SRs) is an InputProblem
     (skipped): nothing of it is downloaded, on the first run or any rerun.
 
-    Example:
+    Examples:
         >>> retrievable(ref, [InstanceRef("1.2.3", 1, "1.2.840.10008.5.1.4.1.1.2")])   # doctest: +SKIP
         [InstanceRef(uid='1.2.3', number=1, sop_class='1.2.840.10008.5.1.4.1.1.2')]
     """

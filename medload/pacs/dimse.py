@@ -94,7 +94,7 @@ def storage_contexts(limit: int = _MAX_CONTEXTS - 2) -> list:
     uncompressed transfer syntaxes, then one per (class, compressed syntax pydicom can decode), lossless
     before lossy, while ``limit`` allows (an acceptor picks one syntax per context, PS3.8 §9.3.3.2).
 
-    Example:
+    Examples:
         >>> len(storage_contexts()) <= 126
         True
     """
@@ -126,7 +126,7 @@ class DimseClient:
     """One association at a time to ``endpoint`` (opened on first use, opened again if it breaks),
     calling itself ``calling_aet``; every network wait is bounded by ``timeout`` seconds.
 
-    Example:
+    Examples:
         >>> with DimseClient(parse_dimse_endpoint("dimse://PACS@pacs:104"), calling_aet="MEDLOAD") as pacs:
         ...     series = pacs.search_series({"Modality": "CT"})                  # doctest: +SKIP
     """

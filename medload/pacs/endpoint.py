@@ -61,7 +61,7 @@ class DimseEndpoint:
     """A DICOM application entity reached over DIMSE: its AE title (the called AE title), host and port.
     ``base`` names it in messages and quarantine records.
 
-    Example:
+    Examples:
         >>> parse_dimse_endpoint("dimse://PACS@pacs.example.org:104").base
         'dimse://PACS@pacs.example.org:104'
     """
@@ -84,7 +84,7 @@ def is_dicomweb_url(text: str | os.PathLike) -> bool:
 def is_dimse_url(text: str | os.PathLike) -> bool:
     """Whether ``text`` is a ``dimse://`` source.
 
-    Example:
+    Examples:
         >>> is_dimse_url("dimse://PACS@pacs:104"), is_dimse_url("scans/")
         (True, False)
     """
@@ -94,7 +94,7 @@ def is_dimse_url(text: str | os.PathLike) -> bool:
 def is_remote_url(text: str | os.PathLike) -> bool:
     """Whether ``text`` names a PACS (``dicomweb://``, ``dicomwebs://`` or ``dimse://``) rather than files.
 
-    Example:
+    Examples:
         >>> is_remote_url("dimse://PACS@pacs:104"), is_remote_url("dicomweb://pacs/dicom-web")
         (True, True)
     """
@@ -105,7 +105,7 @@ def check_ae_title(title: str, what: str) -> str:
     """``title`` if it is a valid AE title (PS3.5 §6.2, VR AE: 1-16 characters of the default character
     repertoire, no backslash, not only spaces), stripped of surrounding spaces; ConfigError otherwise.
 
-    Example:
+    Examples:
         >>> check_ae_title("MEDLOAD", "--calling-aet")
         'MEDLOAD'
     """
@@ -119,7 +119,7 @@ def check_ae_title(title: str, what: str) -> str:
 def parse_dimse_endpoint(url: str) -> DimseEndpoint:
     """The application entity named by ``dimse://CALLED_AET@HOST:PORT``; ConfigError if it is malformed.
 
-    Example:
+    Examples:
         >>> parse_dimse_endpoint("dimse://ORTHANC@127.0.0.1:4242").port
         4242
     """

@@ -63,7 +63,7 @@ class RetrieveOptions:
     without data fails an attempt (DIMSE: an association request or a response); ``retry`` is DICOMweb's
     policy for transient errors (over DIMSE, a rerun retries what failed).
 
-    Example:
+    Examples:
         >>> RetrieveOptions(connections=4, spool_instances=200).spool_instances
         200
     """
@@ -86,7 +86,7 @@ def ingest_dicomweb(url: str, store: str | Path, *, query: str = "", credentials
                     options: RetrieveOptions = RetrieveOptions()) -> IngestReport:
     """Ingest the series a DICOMweb server finds for ``query`` into ``store``; see the module docstring.
 
-    Example:
+    Examples:
         >>> report = ingest_dicomweb("dicomweb://pacs:8042/dicom-web", "stores/ct",
         ...                          query="Modality=CT&StudyDate=20150101-20151231",
         ...                          credentials="~/.config/medload/pacs.cred")      # doctest: +SKIP
@@ -113,7 +113,7 @@ def ingest_dimse(url: str, store: str | Path, *, query: str = "", calling_aet: s
     into ``store``, retrieving them by C-GET as ``calling_aet`` (the PACS must know this AE title and let
     it query and retrieve; C-GET needs no inbound port). DIMSE is unencrypted. See the module docstring.
 
-    Example:
+    Examples:
         >>> report = ingest_dimse("dimse://PACS@pacs.example.org:104", "stores/ct",
         ...                       query="Modality=CT&StudyDate=20150101-20151231")  # doctest: +SKIP
     """
@@ -204,7 +204,7 @@ class Spool:
     PACS into one store do not share it; files a killed run left there are deleted on entry. Instances
     are written to files named by the keyed pseudonym of their SOPInstanceUID.
 
-    Example:
+    Examples:
         >>> with Spool(Path("stores/ct/staging/dimse"), pseudo, 1000) as spool:    # doctest: +SKIP
         ...     with spool.file(sop_instance_uid) as out:
         ...         out.write(part10_bytes)

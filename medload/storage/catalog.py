@@ -9,7 +9,7 @@ lists the time points of one time series in order. Filter names follow
 the dataset filters (``modality``, ``kernel``, ``slice_thickness``), and a filtered frame's ``key``
 column feeds a dataset directly.
 
-Example:
+Examples:
     >>> cat = store.catalog()
     >>> thick = cat.query("kernel == 'UB' and slice_thickness >= 5")
     >>> len(SliceDataset(store, context=1, keys=thick.key))   # only those series: the sample's 28 slices

@@ -1,4 +1,4 @@
-"""Slice values on disk: a fixed header, a codec payload and a checksum (DESIGN.md §3).
+"""Slice values on disk: a fixed header, a codec payload and a checksum.
 
 Layout of one value (little endian)::
 

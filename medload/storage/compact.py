@@ -75,7 +75,7 @@ class CompactReport:
 def compact_store(store: str | Path, *, progress: bool = False) -> CompactReport:
     """Rewrite the shards of the store at ``store`` that hold superseded copies (see the module docstring).
 
-    Example:
+    Examples:
         >>> result = compact_store("stores/sample")    # nothing was ingested again with --force there
         >>> result.shards, result.bytes_after == result.bytes_before
         ([], True)

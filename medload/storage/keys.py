@@ -1,4 +1,4 @@
-"""Keys of the slice store (DESIGN.md §3).
+"""Keys of the slice store.
 
 A series key is 16 bytes derived from the pseudonymised series identity and its split descriptor, so
 the same source always gets the same key and no raw UID can be read back from it. A slice key is the

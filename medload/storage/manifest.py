@@ -1,4 +1,4 @@
-"""``store.json``: the versioned manifest of a store (DESIGN.md §3).
+"""``store.json``: the versioned manifest of a store.
 
 A store is a directory::
 

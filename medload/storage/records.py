@@ -25,7 +25,7 @@ class SeriesRecord:
     ``"echo_2"``, ``"t_07"``; also among ``flags``), and the time points of one time series share
     ``time_series`` (an id) and number themselves by ``time_point`` (1..N; 0 outside a time series).
 
-    Example:
+    Examples:
         >>> rec = store.record(store.series()[0].key[:6])                # a unique key prefix is enough
         >>> rec.shape, rec.spacing, rec.manufacturer, rec.kernel
         ((28, 512, 512), (0.451171875, 0.451171875, 5.0), 'Philips', 'UB')
@@ -130,7 +130,7 @@ class RejectRecord:
     ``plausibility``). ``sha256`` is that of the input's bytes where medload could read them (not for
     links, nor for archive members refused unread).
 
-    Example:
+    Examples:
         >>> r = store.rejects()[0]
         >>> r.status, r.stage, r.reason
         ('skipped', 'header', 'Secondary Capture Image Storage (1.2.840.10008.5.1.4.1.1.7) is not a CT/MR/PET volume image')

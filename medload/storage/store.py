@@ -56,7 +56,7 @@ def open_store(path: str | os.PathLike, cache: CacheConfig | str | int | None = 
     ``cache`` is a :class:`~medload.config.CacheConfig` (L1 budget, hot directory and its budget), or
     just an L1 budget such as ``"512MB"``; by default a 256 MB L1 and no hot directory.
 
-    Example:
+    Examples:
         >>> store = medload.open_store("stores/sample", cache="512MB")
         >>> rec = store.series()[0]
         >>> slab = store.read(rec.key, 10, 13)   # (3, rows, columns) HU int16, one range read
@@ -77,7 +77,7 @@ def _cache_config(cache: CacheConfig | str | int | None) -> CacheConfig:
 class Store:
     """Read access to a medload store (see :func:`open_store`).
 
-    Example:
+    Examples:
         >>> store = medload.open_store("stores/sample")
         >>> [(len(r.key), r.shape) for r in store.series()]
         [(32, (28, 512, 512))]
@@ -150,7 +150,7 @@ class Store:
         """A pandas DataFrame of the series (scanner, kernel, geometry, labels, pseudonyms, shard), one
         row per series; its ``key`` column filters datasets (see :mod:`medload.storage.catalog`).
 
-        Example:
+        Examples:
             >>> cat = store.catalog()
             >>> cat.groupby("kernel").slices.sum().to_dict()
             {'UB': 28}
@@ -197,7 +197,7 @@ class Store:
         :class:`~medload.data.SliceDataset` (or :class:`~medload.data.SlabDataset`) with the same
         arguments. ``plane``: a uint8 plane stored at ingest instead of HU.
 
-        Example:
+        Examples:
             >>> from monai.transforms import LoadImaged
             >>> from medload.data import MedloadReader
             >>> items = store.items(context=1, modality="CT")
@@ -284,7 +284,7 @@ class Store:
         cached). For a caller that converts each slice anyway -- the loader casts them straight into a
         float batch -- this saves a copy of every slice. Arguments as :meth:`read`.
 
-        Example:
+        Examples:
             >>> [p.shape for p in store.planes(store.series()[0].key, 0, 2)]
             [(512, 512), (512, 512)]
         """
@@ -367,7 +367,7 @@ class Store:
         the L1 holds are skipped. ``plane``: of this stored plane (as :meth:`read`); ``labels``: their
         label maps too.
 
-        Example:
+        Examples:
             >>> key = store.series()[0].key
             >>> store.prefetch([(key, 10, 13), (key, 20, 23)])   # returns at once
             >>> store.read(key, 10, 13).shape   # from the page cache, if the disk was quick enough

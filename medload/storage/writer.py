@@ -1,6 +1,6 @@
 """The one writer of a store: one LMDB write transaction per series, shards published atomically.
 
-Crash safety comes from five rules (DESIGN.md §3, §5):
+Crash safety comes from five rules:
 
 1. A series -- its slices, pre-windowed planes, metadata record and index entries -- is written in
    one write transaction of the current *staging* shard, so it is either fully present or absent.
