@@ -4,6 +4,7 @@ One module per group of commands; importing this package registers them all on :
 """
 
 from medload.cli import bench, cache, ingest, inspect_store, integrity, profile  # noqa: F401  (register the commands)
+from medload.cli import export_nnunet  # noqa: F401  (registers export-nnunet)
 from medload.cli.app import cli, main
 
 __all__ = ["cli", "main"]
