@@ -18,7 +18,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 $(BIN)/.dev-installed: $(BIN)/.installed pyproject.toml
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev]" "$(TORCH_SPEC)"  # the torch above: nnunetv2's torchvision must not replace it
 	touch $@
 
 # System packages the tests use: dcm2niix (reference converter, the geometry oracle); orthanc and
