@@ -4,6 +4,7 @@ folds of ``splits_final.json`` split by patient, the same for the same seed."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -32,6 +33,7 @@ from medload.storage.manifest import shard_path  # noqa: E402
 from medload.storage.records import LabelRecord  # noqa: E402
 from medload.storage.store import open_store  # noqa: E402
 from medload.synthetic import SeriesSpec, make_rtstruct, make_series  # noqa: E402
+from test_privacy import IDENTIFYING, UIDS, _dicom_files, _pattern, _raw_values  # noqa: E402
 
 BIN = Path(sys.executable).parent
 LABEL_MAP = {"liver": ["liver"], "bone": ["class_1"]}  # RTSTRUCT ROI "Liver"; the bone mask's class_1
@@ -102,6 +104,18 @@ def test_dataset_json_and_left_out_series(exported, store_path):
     assert not reasons
     assert {c.series for c in exported.cases} == {r.key for r in store.series()} - {tilted.key, unlabelled.key}
     assert exported.notes == ()
+
+
+def test_no_raw_identifier_or_uid_in_the_dataset(exported, store_path):
+    sources = [*_dicom_files(PHILIPS / "dicom"), *_dicom_files(store_path.parent / "src"),
+               *_dicom_files(store_path.parent / "more")]
+    raw = _raw_values(sources, IDENTIFYING + UIDS)
+    assert "LIT-0" in raw["PatientID"] and len(raw["SeriesInstanceUID"]) >= 9  # images, RTSTRUCTs, the SC
+    secrets = {v for values in raw.values() for v in values}
+    files = {p: p.read_bytes() for p in exported.path.rglob("*") if p.is_file()}
+    files = {p: gzip.decompress(data) if p.name.endswith(".gz") else data for p, data in files.items()}
+    leaks = [f"{p.name}: {s}" for p, data in files.items() for s in secrets if _pattern(s).search(data)]
+    assert not leaks
 
 
 def test_nibabel_and_nnunet_read_back_the_stored_voxels_and_affines(exported, store_path):
