@@ -18,7 +18,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 $(BIN)/.dev-installed: $(BIN)/.installed pyproject.toml
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev]" "$(TORCH_SPEC)"  # the torch above: nnunetv2 must not replace it
 	@# nnunetv2 pulls torchvision (through timm); a build that does not match the installed torch fails to
 	@# load and breaks MONAI's optional import of it. Nothing of ours needs torchvision: drop one that cannot load.
 	@$(BIN)/python -c "import torchvision" 2>/dev/null || $(BIN)/pip uninstall --quiet -y torchvision

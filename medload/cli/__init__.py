@@ -3,7 +3,8 @@
 One module per group of commands; importing this package registers them all on :data:`cli`.
 """
 
-from medload.cli import bench, cache, compact, ingest, inspect_store, integrity, profile  # noqa: F401  (register the commands)
+from medload.cli import (bench, cache, compact, export_nnunet, ingest, inspect_store,  # noqa: F401  (register the commands)
+                         integrity, profile)
 from medload.cli.app import cli, main
 
 __all__ = ["cli", "main"]
