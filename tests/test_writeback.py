@@ -10,6 +10,8 @@ differ from the stored ones, a mask off the grid or with ids a SEG cannot number
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import subprocess
 import sys
@@ -19,9 +21,10 @@ import nibabel as nib
 import numpy as np
 import pydicom
 import pytest
+import torch
 from pydicom.sr.codedict import codes
 
-from conftest import PHILIPS
+from conftest import PHILIPS, REPO
 from medload.config import IngestConfig
 from medload.errors import ConfigError
 from medload.ingest.run import ingest
@@ -230,3 +233,49 @@ def test_another_key_is_refused(file_store, tmp_path):
     other.write_text("ff" * 32 + "\n")
     with pytest.raises(ConfigError, match="was built with pseudonymisation key"):
         to_seg(store, key, bone, pacs=UNREACHABLE, key_file=other)
+
+
+# ---- the example pipeline ----------------------------------------------------------------------------
+def _predict_script():
+    spec = importlib.util.spec_from_file_location("predict_to_seg", REPO / "pipelines" / "predict_to_seg.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_orthanc
+def test_pipeline_sends_the_model_prediction_of_each_validation_series(orthanc, tmp_path):
+    """predict_to_seg.py with a saved 2.5D UNet (train_segmentation.py's --quick architecture): the SEG it sends
+    comes back onto exactly the voxels the model predicts."""
+    from medload.models import segmentation_unet
+
+    store = tmp_path / "store"
+    ingest_dicomweb(orthanc.dicomweb_url, store, config=ONE_WORKER)
+    key, _ = _bone(store)
+    torch.manual_seed(0)
+    net = segmentation_unet(2, 3, small=True)
+    torch.save(net.state_dict(), tmp_path / "model.pt")
+    script = _predict_script()
+    summary = script.main(["--store", str(store), "--model", str(tmp_path / "model.pt"), "--quick", "--to",
+                           orthanc.dicomweb_url, "--label", "brain", "--out", str(tmp_path / "out")])
+    assert [s["key"] for s in summary["sent"]] == [key] and summary["refused"] == {}
+    assert len(_segs_in_study(orthanc)) == 1
+
+    args = script.parse_args(["--store", str(store), "--model", "m", "--quick", "--to", "x"])
+    expected = script.predict(net.eval(), script.SliceDataset(open_store(store), context=1, labels=False), key, args)
+    assert 0 < expected.sum() == summary["sent"][0]["foreground_voxels"] < expected.size
+    ingest_dicomweb(orthanc.dicomweb_url, store, config=ONE_WORKER)
+    assert open_store(store).labels(key).classes == {"1": "brain"}
+    assert np.array_equal(open_store(store).read_label(key), expected)
+
+
+@needs_orthanc
+def test_pipeline_demo_target_needs_no_model(orthanc, tmp_path):
+    store = tmp_path / "store"
+    ingest_dicomweb(orthanc.dicomweb_url, store, config=ONE_WORKER)
+    key, bone = _bone(store)
+    summary = _predict_script().main(["--store", str(store), "--demo-target", "bone", "--to", orthanc.dimse_url,
+                                      "--out", str(tmp_path / "out")])
+    assert summary["sent"] == [{"key": key, "frames": len(CT), "foreground_voxels": int(bone.sum())}]
+    assert json.loads((tmp_path / "out" / "predictions.json").read_text())["sent"] == summary["sent"]
+    assert len(_segs_in_study(orthanc)) == 1
