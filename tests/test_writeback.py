@@ -32,8 +32,8 @@ from medload.pacs.dicomweb import DicomWebClient, SeriesRef
 from medload.pacs.endpoint import Credentials, parse_endpoint
 from medload.pacs.ingest import ingest_dicomweb
 from medload.storage.store import open_store
-from medload.writeback import Segment, WritebackError, push_seg, to_seg
-from orthanc_server import ORTHANC, Orthanc
+from medload.writeback import Segment, WritebackError, connect, push_seg, to_seg
+from orthanc_server import ORTHANC, Orthanc, Proxy
 
 MEDLOAD = [sys.executable, "-m", "medload.cli"]
 DICOM = PHILIPS / "dicom"
@@ -137,6 +137,24 @@ def test_c_store_to_dimse_and_push_seg_command(orthanc, tmp_path):
     assert f"sent a SEG of series {key[:12]} (bone;" in proc.stdout
     assert len(_segs_in_study(orthanc)) == 2
     assert not _leaks([proc.stdout + proc.stderr], store, [])
+
+
+@needs_orthanc
+def test_one_connection_searches_the_pacs_once(orthanc, tmp_path):
+    """Two SEGs over one connection: one QIDO-RS series search (counted by a proxy), two retrievals."""
+    store = tmp_path / "store"
+    ingest_dicomweb(orthanc.dicomweb_url, store, config=ONE_WORKER)
+    key, bone = _bone(store)
+    proxy = Proxy(orthanc.http_url)
+    try:
+        with connect(proxy.url()) as pacs:
+            first, second = (to_seg(store, key, bone, pacs=pacs) for _ in range(2))
+    finally:
+        proxy.stop()
+    searches = [p for p in proxy.paths if p.startswith("/dicom-web/series?")]
+    retrievals = [p for p in proxy.paths if "/instances/" in p]
+    assert len(searches) == 1 and len(retrievals) == 2 * len(CT)
+    assert first.SOPInstanceUID != second.SOPInstanceUID and first.SeriesInstanceUID != second.SeriesInstanceUID
 
 
 def _copy_ct(tmp_path: Path, change) -> Path:

@@ -40,17 +40,25 @@ _REFERENCED_SOP, _FAILED_SOP, _INSTANCE_UID, _FAILURE_REASON = "00081199", "0008
 
 
 class PacsConnection:
-    """A PACS opened by :func:`connect`: ``base`` names it in messages (no credentials); ``search_series``,
-    ``search_instances`` and ``retrieve`` are those of ingest (:mod:`medload.pacs.ingest`); :meth:`send`
-    stores instances. Use it as a context manager (or :meth:`close` it)."""
+    """A PACS opened by :func:`connect`: ``base`` names it in messages (no credentials); ``search_instances``
+    and ``retrieve`` are those of ingest (:mod:`medload.pacs.ingest`); :meth:`search_series` remembers its
+    answers for the connection's life (writing back a validation set searches the PACS once, not once
+    per series); :meth:`send` stores instances. Use it as a context manager (or :meth:`close` it)."""
 
     def __init__(self, base: str, client: DicomWebClient | DimseClient,
                  retrieve: Callable[..., dict[str, list[tuple[InstanceRef, str]]]],
                  send: Callable[[Sequence[Dataset]], None]) -> None:
         self.base, self._client, self._send = base, client, send
-        self.search_series: Callable[[dict[str, str]], list[SeriesRef]] = client.search_series
         self.search_instances: Callable[[SeriesRef], list[InstanceRef]] = client.search_instances
         self.retrieve = retrieve
+        self._searches: dict[tuple[tuple[str, str], ...], list[SeriesRef]] = {}
+
+    def search_series(self, query: dict[str, str]) -> list[SeriesRef]:
+        """The series matching ``query`` (QIDO-RS or C-FIND), searched once per query and connection."""
+        key = tuple(sorted(query.items()))
+        if key not in self._searches:
+            self._searches[key] = self._client.search_series(query)
+        return self._searches[key]
 
     def send(self, datasets: Sequence[Dataset]) -> None:
         """Store ``datasets`` (DICOM instances with file meta) in the PACS; RemoteSourceError if any is refused."""
