@@ -144,10 +144,9 @@ def push_seg(store: Store | str | Path, key: str, mask, labels: Mapping[int, str
     """
     with _opened(store) as st, connect(to, credentials=credentials, ca_bundle=ca_bundle, calling_aet=calling_aet,
                                        timeout=timeout) as pacs:
-        seg = to_seg(st, key, mask, labels, pacs=pacs, **options)
+        record, pseudo = st.record(key), _store_pseudonymizer(st, options.get("key_file"))
+        seg = to_seg(st, record.key, mask, labels, pacs=pacs, **options)
         pacs.send([seg])
-        pseudo = _store_pseudonymizer(st, options.get("key_file"))
-        record = st.record(key)
     result = PushResult(record.key, pseudo.uid("study", str(seg.StudyInstanceUID)),
                         pseudo.uid("series", str(seg.SeriesInstanceUID)), pseudo.uid("instance", str(seg.SOPInstanceUID)),
                         tuple(str(s.SegmentLabel) for s in seg.SegmentSequence), int(seg.NumberOfFrames))
