@@ -4,7 +4,7 @@ One module per group of commands; importing this package registers them all on :
 """
 
 from medload.cli import (bench, cache, compact, export_nnunet, ingest, inspect_store,  # noqa: F401  (register the commands)
-                         integrity, profile)
+                         integrity, profile, push_seg)
 from medload.cli.app import cli, main
 
 __all__ = ["cli", "main"]

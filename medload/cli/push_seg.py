@@ -1,0 +1,60 @@
+"""``medload push-seg``: a mask on a stored series to the PACS as a DICOM SEG referencing the original series."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from medload.cli.app import cli, console, short
+from medload.config import MedloadConfig
+
+
+def _segment(ctx, param, values: tuple[str, ...]) -> dict[int, str] | None:
+    """``--segment 1=bone`` (repeatable) as {1: "bone"}."""
+    out = {}
+    for text in values:
+        ident, sep, name = text.partition("=")
+        if not sep or not ident.strip().isdigit() or not name.strip():
+            raise click.BadParameter(f"{text!r}: write ID=NAME, e.g. --segment 1=bone")
+        out[int(ident)] = name.strip()
+    return out or None
+
+
+@cli.command(name="push-seg")
+@click.argument("store", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("key")
+@click.argument("mask", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--to", "url", required=True, metavar="URL",
+              help="The PACS the series was ingested from: dicomweb://HOST:PORT/PATH (STOW-RS; dicomwebs:// for TLS) "
+                   "or dimse://CALLED_AET@HOST:PORT (C-STORE, unencrypted).")
+@click.option("--segment", "segments", multiple=True, callback=_segment, metavar="ID=NAME",
+              help="Name of class id ID, e.g. 1=bone (repeatable; ids 1..N; default class_<id>).")
+@click.option("--query", default="", help="Matching keys narrowing the search for the original series (QIDO-RS or "
+                                          "C-FIND), e.g. 'StudyDate=20150101-20151231'.")
+@click.option("--credentials", type=click.Path(path_type=Path), default=None,
+              help="dicomweb://: file (mode 0600) holding user:password or a bearer token; else the "
+                   "MEDLOAD_DICOMWEB_USER/MEDLOAD_DICOMWEB_PASSWORD or MEDLOAD_DICOMWEB_TOKEN variables.")
+@click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="dicomwebs://: PEM certificates of the CA that signed the server's.")
+@click.option("--calling-aet", default="MEDLOAD", show_default=True,
+              help="dimse://: medload's AE title, allowed by the PACS to query, retrieve and store.")
+@click.option("--key-file", type=click.Path(path_type=Path), default=None,
+              help="The store's pseudonymisation key (default $MEDLOAD_KEY_FILE or ~/.config/medload/pseudonym.key).")
+@click.option("--algorithm", default="medload", show_default=True, help="Name of the algorithm that made the mask.")
+@click.option("--algorithm-version", default=None, help="Its version (default: medload's).")
+@click.option("--series-description", default="medload segmentation", show_default=True)
+@click.pass_obj
+def push_seg(config: MedloadConfig, store: Path, key: str, mask: Path, url: str, segments: dict[int, str] | None,
+             query: str, credentials: Path | None, ca_bundle: Path | None, calling_aet: str, key_file: Path | None,
+             algorithm: str, algorithm_version: str | None, series_description: str) -> None:
+    """Send MASK (NIfTI/NRRD on the grid of series KEY of STORE, as `medload export` writes it) to the PACS as a
+    DICOM SEG that references the original series, found there by the pseudonym of its SeriesInstanceUID."""
+    from medload import __version__
+    from medload.writeback import push_seg as push
+
+    result = push(store, key, mask, segments, to=url, credentials=credentials, ca_bundle=ca_bundle,
+                  calling_aet=calling_aet, query=query, key_file=key_file, config=config.ingest,
+                  algorithm=(algorithm, algorithm_version or __version__), series_description=series_description)
+    console.print(f"sent a SEG of series {short(result.key)} ({', '.join(result.segments)}; {result.frames} frame(s)) "
+                  f"to study {short(result.study)}: SEG series {short(result.series)}")

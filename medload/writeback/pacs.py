@@ -1,0 +1,196 @@
+"""One connection to a PACS for writing back: search and retrieve (as ingest does), and store.
+
+- ``dicomweb://`` / ``dicomwebs://``: QIDO-RS and WADO-RS through :class:`~medload.pacs.dicomweb.DicomWebClient`;
+  instances are stored with STOW-RS (PS3.18 §10.5, Store Transaction): one ``POST {root}/studies`` of
+  ``multipart/related; type="application/dicom"``, answered by a DICOM JSON Store Instances Response whose
+  Referenced SOP Sequence (0008,1199) lists what was stored and Failed SOP Sequence (0008,1198) what was not
+  (PS3.18 §10.5.3).
+- ``dimse://``: C-FIND and C-GET through :class:`~medload.pacs.dimse.DimseClient`; instances are stored by
+  C-STORE (PS3.4 Annex B) on an association of their own, proposing each SOP class with the uncompressed
+  transfer syntaxes. The PACS must let medload's AE title store.
+
+Messages never name an instance by its UIDs (they are identifiers); they count instances instead.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import httpx
+from pydicom import Dataset
+from pydicom.filebase import DicomBytesIO
+from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian
+from pynetdicom import build_context
+from pynetdicom.status import code_to_category
+
+from medload.errors import ConfigError, RemoteSourceError
+from medload.pacs.dicomweb import _TRANSIENT, DicomWebClient, InstanceRef, SeriesRef, _describe, _Transient
+from medload.pacs.dimse import DimseClient
+from medload.pacs.endpoint import (is_dicomweb_url, is_dimse_url, load_credentials, parse_dimse_endpoint,
+                                   parse_endpoint, tls_context)
+from medload.pacs.ingest import RetrieveOptions, _Wado
+
+__all__ = ["PacsConnection", "connect"]
+
+_STOW = "store (STOW-RS)"
+# DICOM JSON keys of the Store Instances Response (PS3.18 §10.5.3.1)
+_REFERENCED_SOP, _FAILED_SOP, _INSTANCE_UID, _FAILURE_REASON = "00081199", "00081198", "00081155", "00081197"
+
+
+class PacsConnection:
+    """A PACS opened by :func:`connect`: ``base`` names it in messages (no credentials); ``search_instances``
+    and ``retrieve`` are those of ingest (:mod:`medload.pacs.ingest`); :meth:`search_series` remembers its
+    answers for the connection's life (writing back a validation set searches the PACS once, not once
+    per series); :meth:`send` stores instances. Use it as a context manager (or :meth:`close` it)."""
+
+    def __init__(self, base: str, client: DicomWebClient | DimseClient,
+                 retrieve: Callable[..., dict[str, list[tuple[InstanceRef, str]]]],
+                 send: Callable[[Sequence[Dataset]], None]) -> None:
+        self.base, self._client, self._send = base, client, send
+        self.search_instances: Callable[[SeriesRef], list[InstanceRef]] = client.search_instances
+        self.retrieve = retrieve
+        self._searches: dict[tuple[tuple[str, str], ...], list[SeriesRef]] = {}
+
+    def search_series(self, query: dict[str, str]) -> list[SeriesRef]:
+        """The series matching ``query`` (QIDO-RS or C-FIND), searched once per query and connection."""
+        key = tuple(sorted(query.items()))
+        if key not in self._searches:
+            self._searches[key] = self._client.search_series(query)
+        return self._searches[key]
+
+    def send(self, datasets: Sequence[Dataset]) -> None:
+        """Store ``datasets`` (DICOM instances with file meta) in the PACS; RemoteSourceError if any is refused."""
+        self._send(list(datasets))
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> PacsConnection:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def connect(url: str, *, credentials: str | Path | None = None, ca_bundle: str | Path | None = None,
+            calling_aet: str = "MEDLOAD", timeout: float = 60.0) -> PacsConnection:
+    """Open the PACS at ``url``: ``dicomweb://HOST:PORT/PATH`` (``dicomwebs://`` for TLS; credentials as for
+    ``medload ingest``: a 0600 file, else the MEDLOAD_DICOMWEB_* variables) or ``dimse://AET@HOST:PORT``
+    (medload calls itself ``calling_aet``; plain DIMSE is unencrypted).
+
+    Example:
+        >>> with connect("dicomweb://pacs:8042/dicom-web", credentials="~/.config/medload/pacs.cred") as pacs:
+        ...     pacs.send([seg])                                                    # doctest: +SKIP
+    """
+    options = RetrieveOptions(timeout=timeout)
+    if is_dimse_url(url):
+        if credentials is not None or ca_bundle is not None:
+            raise ConfigError("--credentials and --ca-bundle apply to dicomweb:// PACS: a DIMSE PACS authorises medload "
+                              "by its AE title (--calling-aet) and host")
+        dimse = _StoreClient(parse_dimse_endpoint(url), calling_aet=calling_aet, timeout=timeout)
+        return PacsConnection(dimse.base, dimse, dimse.retrieve, dimse.store)
+    if not is_dicomweb_url(url):
+        raise ConfigError(f"{url!r} is not a PACS: write dicomweb://HOST:PORT/PATH (dicomwebs:// for TLS) or "
+                          "dimse://CALLED_AET@HOST:PORT")
+    endpoint = parse_endpoint(url)
+    if ca_bundle is not None and not endpoint.secure:
+        raise ConfigError("--ca-bundle applies to dicomwebs:// (TLS) PACS only")
+    creds = load_credentials(None if credentials is None else Path(credentials).expanduser())
+    verify = tls_context(None if ca_bundle is None else Path(ca_bundle).expanduser())
+    web = _StowClient(endpoint, creds, verify=verify, connections=options.connections, timeout=timeout,
+                      retry=options.retry)
+    return PacsConnection(endpoint.base, web, _Wado(web, options).retrieve, web.store)
+
+
+def _part10(ds: Dataset) -> bytes:
+    """``ds`` as a DICOM Part 10 file (preamble, file meta, dataset in its transfer syntax)."""
+    buffer = DicomBytesIO()
+    ds.save_as(buffer, enforce_file_format=True)
+    return buffer.getvalue()
+
+
+class _StowClient(DicomWebClient):
+    """The DICOMweb client with STOW-RS; retries transient failures as searches do (storing an instance
+    twice is harmless: a PACS keeps one instance per SOPInstanceUID)."""
+
+    def store(self, datasets: list[Dataset]) -> None:
+        boundary = secrets.token_hex(16)
+        body = b"".join(b"--" + boundary.encode() + b"\r\nContent-Type: application/dicom\r\n\r\n" + _part10(ds)
+                        + b"\r\n" for ds in datasets) + f"--{boundary}--\r\n".encode()
+        headers = {"Content-Type": f'multipart/related; type="application/dicom"; boundary={boundary}',
+                   "Accept": "application/dicom+json, application/json"}
+
+        def attempt() -> httpx.Response:
+            try:
+                response = self._http.post(self.endpoint.base + "/studies", content=body, headers=headers)
+            except httpx.TransportError as exc:
+                raise _Transient(_describe(exc), unreachable=isinstance(exc, httpx.ConnectError)) from None
+            if response.status_code in _TRANSIENT:
+                raise _Transient(f"HTTP {response.status_code} {response.reason_phrase}",
+                                 response.headers.get("retry-after"))
+            return response
+
+        response = self._with_retries(attempt, _STOW)
+        if response.status_code not in (200, 202, 409):
+            raise RemoteSourceError(self._status_message(response, _STOW))
+        try:
+            doc = response.json() if response.content.strip() else {}
+        except ValueError:
+            doc = None
+        if isinstance(doc, list) and len(doc) == 1:
+            doc = doc[0]
+        if not isinstance(doc, dict):
+            raise RemoteSourceError(f"{self.endpoint.base}: the {_STOW} did not answer a DICOM JSON Store Instances "
+                                    f"Response (HTTP {response.status_code}): check the server's log")
+        stored = {str(v) for item in _items(doc, _REFERENCED_SOP) for v in _values(item, _INSTANCE_UID)}
+        reasons = sorted({f"0x{int(v):04X}" for item in _items(doc, _FAILED_SOP) for v in _values(item, _FAILURE_REASON)})
+        missing = [ds for ds in datasets if str(ds.SOPInstanceUID) not in stored]
+        if missing or response.status_code == 409:
+            why = f"failure reason(s) {', '.join(reasons)} (PS3.18 Table 10.5.3-1)" if reasons else "no reason given"
+            raise RemoteSourceError(f"{self.endpoint.base} did not store {len(missing)} of {len(datasets)} instance(s) "
+                                    f"(HTTP {response.status_code}; {why}): check that the account may store "
+                                    "(STOW-RS) and that the server accepts the SOP class, and its log")
+
+
+def _items(doc: dict, tag: str) -> list[dict]:
+    return [item for item in _values(doc, tag) if isinstance(item, dict)]
+
+
+def _values(doc: dict, tag: str) -> list:
+    attr = doc.get(tag)
+    return attr.get("Value", []) if isinstance(attr, dict) else []
+
+
+class _StoreClient(DimseClient):
+    """The DIMSE client with C-STORE, on an association of its own (the query/retrieve association proposes
+    storage with the SCP role only, for C-GET)."""
+
+    def store(self, datasets: list[Dataset]) -> None:
+        self.close()
+        contexts = [build_context(sop, [ExplicitVRLittleEndian, ImplicitVRLittleEndian])
+                    for sop in sorted({str(ds.SOPClassUID) for ds in datasets})]
+        assoc = self._ae.associate(self.endpoint.host, self.endpoint.port, contexts, ae_title=self.endpoint.called_aet)
+        if not assoc.is_established:
+            raise self._rejected(assoc.acceptor.primitive) if assoc.is_rejected else self._unreachable()
+        try:
+            for n, ds in enumerate(datasets):
+                status = assoc.send_c_store(ds)
+                code = status.get("Status") if status is not None else None
+                if code is None:
+                    raise RemoteSourceError(f"{self.base} ended the association during a C-STORE, or answered "
+                                            f"nothing within {self.timeout:g} s ({n} of {len(datasets)} instance(s) "
+                                            "stored): check that the PACS accepts storage from AE title "
+                                            f"{self.calling_aet}, and its log")
+                category = code_to_category(code)
+                if category not in ("Success", "Warning"):
+                    raise RemoteSourceError(f"{self.base} refused a C-STORE (status 0x{code:04X}, {category}; {n} of "
+                                            f"{len(datasets)} instance(s) stored): check that the PACS lets AE title "
+                                            f"{self.calling_aet} store and accepts the SOP class, and its log")
+        except ValueError as exc:  # pynetdicom: no accepted presentation context for the dataset
+            raise RemoteSourceError(f"{self.base} accepted no presentation context to store the instance ({exc}): "
+                                    "check that the PACS accepts Segmentation Storage") from None
+        finally:
+            if assoc.is_established:
+                assoc.release()
