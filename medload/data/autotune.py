@@ -9,7 +9,7 @@
 2. **Model** (:func:`estimate_rate`): with ``n`` workers the loader delivers at most ``n / r`` batches/s
    (workers side by side), ``1 / (m + h)`` (the trainer, which also receives each batch from a worker:
    ``h`` = 0.08 ms, measured with torch 2.13 on 2 cores as the DataLoader's per-batch hand-off of the
-   meta dict, its sample indices a list of ints: 0.4-0.7 ms while they were a tensor) and ``cores / (c + m + h)``, where ``c`` is the CPU time of a read
+   meta dict, its sample indices a list of ints) and ``cores / (c + m + h)``, where ``c`` is the CPU time of a read
    (less than ``r`` when reads wait for a disk or NFS): the CPU work of a batch spread over the
    free cores: those this process may use, less the load other processes put on them by the 1-minute
    load average; on a GPU ``m`` does not load the CPU); with no workers ``1 / (r + m)``. No model step

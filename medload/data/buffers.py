@@ -49,9 +49,7 @@ class Recycler:
 
     A fresh 25 MB float batch per step costs page faults and kernel zeroing, and glibc's adaptive
     mmap threshold then turns the churn into a heap that grows by gigabytes of free memory
-    (``benchmarks/memory.py``, 2.5D batches of 8 x 3 x 512 x 512, 3 epochs: heap 1323 MB with 406 MB
-    in use and 424/890/1196 samples/s without recycling; heap 383 MB and 944/2165/2055 samples/s
-    with). Each batch is handed out as a *view* of a pooled buffer; when the caller has dropped it
+    (``benchmarks/memory.py``; figures in docs/benchmarks.md, "Design measurements"). Each batch is handed out as a *view* of a pooled buffer; when the caller has dropped it
     (and every view of it), torch's storage use count falls back to the pool's own reference and the
     buffer is reused. A batch still held -- kept in a list, say -- is never overwritten: a new
     buffer is made instead.

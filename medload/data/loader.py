@@ -12,10 +12,8 @@ trainer through freshly allocated shared memory (a copy and page faults per batc
 
 With ``num_workers=0`` on the CPU nothing crosses a process, so step 1 writes floats instead: each
 slice is cast straight into the float batch (from the L1 cache's own array where it holds the slice)
-and windowed a few samples at a time, while they are in the CPU's cache; only labels use the slot.
-On the 2-core VM, alternating runs of the two versions (``benchmarks/compare_revisions.py HEAD -- --workers 0
---repeats 5``): 2.5D batches of 8 x 3 x 512 x 512, 1,600-2,060 -> 2,280-2,780 samples/s (1.95-2.49x ->
-2.86-3.32x the npy memmap loader); 3D slabs of 32 x 256 x 256, 760-810 -> 880-920.
+and windowed a few samples at a time, while they are in the CPU's cache; only labels use the slot
+(what each of these choices gained: docs/benchmarks.md, "Design measurements").
 
 A slot is reused ``slots`` batches later. When torch's DataLoader hands out batch n it dispatches batch
 n + num_workers * prefetch_factor (never further ahead), while the trainer copies batch n off its slot
@@ -55,11 +53,9 @@ class _Batch(list):
 
 
 #: Batches of its own a reader has the disk fetch ahead of the one it decodes. One keeps a fast disk
-#: busy; a slow or jittery one (a network volume, a shared VM disk) needs more in flight. On the 2-core
-#: VM's disk, cold page cache, 1, 3 and 6 measured alike (alternating runs at 0 and 2 workers, 237-458
-#: samples/s, noise larger than any difference), but two full benchmark runs of one code gave the
-#: 0-worker cold row 310 and 117 samples/s: 2 keeps twice the reads in flight for such a disk. Costs page
-#: cache only (not the process's memory): about 6 MB per 2.5D batch of 8 x 3 x 512 x 512.
+#: busy; a slow or jittery one (a network volume, a shared VM disk) needs more in flight, so 2 (depths
+#: compared in docs/benchmarks.md, "Design measurements"). Costs page cache only, not the process's memory: the
+#: compressed bytes of the batches ahead.
 READ_AHEAD_BATCHES = 2
 
 
@@ -191,8 +187,8 @@ def _no_mark(stage: str | None, meta: dict | None = None) -> None:
 
 _HALF = (torch.float16, torch.bfloat16)
 #: On the CPU the cast and the three window passes run over pieces of about this many bytes, which stay in
-#: cache between passes instead of streaming a 25 MB batch through memory four times: 3.2 -> 2.1 ms per 2.5D
-#: batch of 8 x 3 x 512 x 512 (2-core VM, same result bit for bit).
+#: cache between passes instead of streaming a whole batch through memory four times (same result bit for
+#: bit; measured in docs/benchmarks.md, "Design measurements").
 _CACHED_BYTES = 4 << 20
 
 
@@ -202,8 +198,7 @@ def _intra_op_threads(threads: int | None) -> Iterator[None]:
 
     The loader casts and windows a batch on the CPU while its workers read the next ones; with torch's
     default of a thread per core the two oversubscribe the CPU, and the window then runs on the cores
-    the workers leave (2-core VM, 2 workers, 2.5D batches of 8 x 3 x 512 x 512, alternating runs:
-    1,780-1,910 samples/s with 2 threads, 2,000-2,330 with 1). Setting the count costs ~12 us."""
+    the workers leave (docs/benchmarks.md, "Design measurements")."""
     before = torch.get_num_threads()
     if threads is None or threads >= before:
         yield
@@ -462,9 +457,8 @@ def worker_l1(dataset, num_workers: int) -> int | None:
     larger than the L1 (more than 8 times, decoded), a random epoch finds in any one of them about
     L1 / dataset of what it reads -- an eighth at most, under 5% on an archive -- and W copies only
     multiply the memory, not the hits: there the workers share the budget, each keeping 1/W of it.
-    On a 3 GB store 12 times the 256 MB L1, 2 workers, random 2.5D samples: L1 hits 4% of reads either
-    way, and the loader's peak PSS goes from 1004 to 747 MB (page cache cold; 978 to 722 warm). Data
-    that fit keep a whole L1 per worker.
+    The hit rate stays the same and the peak memory falls (docs/benchmarks.md, "Design measurements"). Data that fit
+    keep a whole L1 per worker.
     """
     l1 = dataset.store.cache.l1_bytes
     if num_workers < 2 or not l1:

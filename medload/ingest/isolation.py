@@ -11,11 +11,9 @@ queued behind it run as usual, and the caller quarantines the input and re-runs 
 Memory cap: each worker limits its data segment (``RLIMIT_DATA``: heap and private writable
 mappings, Linux >= 4.7) to the cap, so an allocation past it fails -- Python raises MemoryError, a C
 decoder's malloc returns NULL -- before the kernel's OOM killer picks a victim. Not ``RLIMIT_AS``:
-measured on the workers of ``medload ingest --workers 2`` (Philips head series, 560 files), the
-address space peaks at 623 MB against 158 MB of data (488 against 154 MB before the ring is mapped;
-1056 against 345 MB when the caller had imported torch and MONAI): shared libraries, glibc's 64 MB
-arena reservations and the writer's shared-memory ring (4 x workers + 8 slots of up to 64 MB,
-``MAP_SHARED``) all count in the address space, yet none is memory the worker allocates. A worker
+a worker's address space is several times its data (docs/benchmarks.md, "Design measurements"): shared libraries,
+glibc's 64 MB arena reservations and the writer's shared-memory ring (4 x workers + 8 slots of up to
+64 MB, ``MAP_SHARED``) all count in it, yet none is memory the worker allocates. A worker
 forked late inherits the writer's heap (its header lists grow with the archive): if that is more
 than half the cap, the worker gets half the cap on top of what it inherited.
 

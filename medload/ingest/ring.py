@@ -1,8 +1,8 @@
 """A shared-memory ring through which decoding workers hand encoded slices to the one writer.
 
 Returning encoded slices through the process pool's result pipe copies every byte four times (pickle,
-pipe write, pipe read, unpickle) into freshly allocated buffers; measured here on 1024 512x512 slices
-with 2 workers, that transfer alone cost about 0.5 s of CPU, as much as decoding half the files. With
+pipe write, pipe read, unpickle) into freshly allocated buffers: about as much CPU as decoding half the
+files (docs/benchmarks.md, "Design measurements"). With
 the ring, a worker writes each encoded value once into a slot of a file mapped by every process
 (``MAP_SHARED``, on tmpfs), and the writer hands LMDB a view of it: one copy, no pickling, no page
 faults after the first pass over the ring.

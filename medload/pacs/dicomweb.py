@@ -282,8 +282,9 @@ class DicomWebClient:
     def _open(self, path: str, params: list[tuple[str, str]], accept: str, *,
               identity: bool = False) -> Iterator[httpx.Response]:
         """One request, its response streamed and closed after use; transient statuses and transport
-        errors become ``_Transient``. ``identity``: no gzip (for instances: measured on Orthanc over
-        loopback, 28 CT slices took 1.88 s gzip-encoded and 0.065 s as they are)."""
+        errors become ``_Transient``. ``identity``: no gzip (for instances, which are mostly
+        compressed or incompressible pixels: gzip costs the server far more than it saves on a LAN,
+        docs/benchmarks.md, "Design measurements")."""
         headers = {"Accept": accept, **({"Accept-Encoding": "identity"} if identity else {})}
         request = self._http.build_request("GET", self.endpoint.base + path, params=params, headers=headers)
         try:

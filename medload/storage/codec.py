@@ -13,8 +13,8 @@ Layout of one value (little endian)::
         end-8  Q   xxh3_64 of everything before it (header and payload)
 
 No pickle: the payload is array bytes, so any language can read a store. The codec was chosen by
-``benchmarks/codecs.py`` on real CT slices (figures in the README): blosc2 with LZ4 and bit-shuffle
-decodes at about 2 GB/s on one core and halves the bytes of HU int16 slices.
+``benchmarks/codecs.py`` on real CT slices: blosc2 with LZ4 and bit-shuffle, the fastest to decode of
+those that halve the bytes of HU int16 slices (figures in docs/store.md, "Slice codec (measured)").
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Crash safety comes from five rules:
    shard the manifest missed. Nothing committed is ever lost or re-written.
 4. Every commit is synced to disk (``sync=True``): a series committed is durable, whatever happens
    to the process or the machine. (Skipping the per-commit fsync and trusting staging shards only
-   within one boot was measured at 1.03 -> 1.00 s for 560 files: not worth the extra rule.)
+   within one boot gained too little to be worth the extra rule: docs/benchmarks.md, "Design measurements".)
 5. A series is written once, unless it is *forced* (:meth:`StoreWriter.force`, ``ingest --force``):
    the new copy goes into the staging shard with a ``replaced`` marker in the same transaction, and
    supersedes the earlier copy and its labels once published (see :mod:`medload.storage.live`).
