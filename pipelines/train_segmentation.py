@@ -222,7 +222,25 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
     if rank == 0:
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
         log.info("best validation Dice %.4f; model and summary in %s", best, args.out)
+        log.info("%s", recap(args, dataset, best))
     return summary
+
+
+def recap(args: argparse.Namespace, dataset, best: float) -> str:
+    """What the run was, what its Dice says, and what to try next (printed at the end of ``make demo``)."""
+    series, samples = len(dataset.records), len(dataset)
+    target = (f"the demo target '{args.demo_target}' (voxels above {_BONE_HU} HU, computed from the HU)"
+              if args.demo_target else "the stored labels (foreground vs background)")
+    run = (f"{args.epochs} epochs of a {'3D' if args.three_d else '2.5D'} UNet on {series} series "
+           f"({samples} samples) of {args.store}, on {target}")
+    if args.quick:
+        verdict = (f"--quick is a smoke test (a small UNet, inputs downsampled {args.downsample}x, a few CPU epochs): "
+                   f"a Dice of {best:.2f} shows the path from DICOM to a trained step runs, not a model worth using")
+    else:
+        verdict = f"best validation Dice {best:.2f} on patients the model did not train on"
+    return (f"recap: {run}. {verdict}. Next: `medload info {args.store}` and notebooks/ to look at the data; "
+            "ingest your own series with labels (docs/ingest.md); train longer on a GPU (--device cuda --epochs 50); "
+            "see where time goes with `medload profile` (docs/training.md)")
 
 
 def rank_report(dataset, rank: int, train_sampler, val_sampler, seen: set[int]) -> dict:

@@ -43,6 +43,13 @@ def test_quick_3d_training_runs_on_slabs(sample_store, tmp_path):
     assert summary["mode"] == "3d" and all(math.isfinite(h["train_loss"]) for h in summary["history"])
 
 
+def test_the_recap_says_what_a_quick_runs_dice_means(sample_store, tmp_path):
+    module = _pipeline()
+    args = module.parse_args(["--store", str(sample_store), "--quick", "--demo-target", "bone"])
+    text = module.recap(args, module.SliceDataset(module.open_store(sample_store), context=1), 0.29)
+    assert "smoke test" in text and "0.29" in text and "28 samples" in text and "Next:" in text
+
+
 def test_a_store_without_labels_needs_a_demo_target(sample_store, tmp_path):
     with pytest.raises(SystemExit, match="no labels"):
         _pipeline().main(["--store", str(sample_store), "--quick", "--out", str(tmp_path / "x")])
