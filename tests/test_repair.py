@@ -146,6 +146,8 @@ def test_an_unreadable_shard_is_retired_once_its_series_are_stored_again(built, 
     data = shard_path(store, entry.name) / "data.mdb"
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     assert {u.shard for u in open_store(store).unavailable()} == {entry.name}
+    cat = open_store(store).catalog()  # its series, with the reason and no other fields
+    assert len(cat) == 2 and cat.unavailable.str.contains("cannot be read").all() and cat.slices.isna().all()
 
     again = ingest(built / "src", store, config=CFG)  # a plain re-ingest writes nothing over a shard it cannot read
     assert {s.status for s in again.series} == {"unavailable"} and again.exit_code(strict=False) == 1

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
@@ -41,6 +40,8 @@ from medload.storage.availability import Unavailable, read_shards, repair_hint, 
 from medload.storage.keys import match_key, slice_key
 from medload.storage.live import merge
 from medload.storage.manifest import Manifest, ShardEntry, read_manifest, shard_path
+from medload.storage import read_spans
+from medload.storage.read_spans import span_end
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 from medload.storage.selection import select_series, slab_starts, thick_enough
 from medload.storage.uri import item_uri
@@ -330,7 +331,7 @@ class Store:
 
     def _read(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None,
               verify: bool | None, out: np.ndarray | None = None, shard: str | None = None) -> np.ndarray:
-        z1 = _span(rec, z0, z1)
+        z1 = span_end(rec, z0, z1)
         shape = (z1 - z0, rec.shape[1], rec.shape[2])
         if out is None:
             out = np.empty(shape, dtype=dtype)
@@ -347,7 +348,7 @@ class Store:
 
         L1 first; then each run of misses is read with one range scan. A miss the L1 admits is decoded
         into an array of its own, which the L1 keeps without a copy (unless it went into ``out``)."""
-        z1 = _span(rec, z0, z1)
+        z1 = span_end(rec, z0, z1)
         verify = self.cache.verify if verify is None else verify
         entry = self._entries[shard or rec.shard]
         key = rec.key_bytes
@@ -366,9 +367,9 @@ class Store:
                     out[z - z0] = planes[z - z0] = hit
         hw = tuple(rec.shape[1:])
         nbytes = hw[0] * hw[1] * dtype.itemsize
-        scratch = _scratch(len(missing), hw, dtype) if transient and out is None and missing else None
+        scratch = read_spans.scratch(len(missing), hw, dtype) if transient and out is None and missing else None
         spare = iter(scratch) if scratch is not None else None
-        for a, b in _runs(missing):
+        for a, b in read_spans.runs(missing):
             kept = [lru is not None and lru.admits((entry.digest, db, slice_key(key, z)), nbytes) for z in range(a, b)]
             for z, keep in zip(range(a, b), kept):
                 if out is not None:
@@ -396,7 +397,8 @@ class Store:
                 env, tier, path = self._tiers.env(entry)
                 nbytes = read_values(env, path, db, key, z0, z1, targets, verify)
         except (StoreError, lmdb.Error) as exc:
-            what = f"slices {z0}-{z1 - 1} of {db.decode()} of series {key.hex()[:12]} in shard {entry.name} of {self.path}"
+            plane = "" if db == sh.SLICES else f" ({db.decode()})"
+            what = f"slices {z0}-{z1 - 1}{plane} of series {key.hex()[:12]} in shard {entry.name} of {self.path}"
             error = type(exc) if isinstance(exc, (ChecksumError, StoreFormatError)) else ShardUnavailableError
             raise error(f"{what} do not read ({exc}): {repair_hint(self.path)}") from None
         self._tiers.count(tier, z1 - z0, nbytes)
@@ -429,9 +431,9 @@ class Store:
         for rec, z0, z1 in items:
             shard = self._all_labels()[rec.key_bytes].shard if db == sh.LABELS else rec.shard
             digest = self._entries[shard].digest
-            zs = [z for z in range(z0, _span(rec, z0, z1))
+            zs = [z for z in range(z0, span_end(rec, z0, z1))
                   if lru is None or (digest, db, slice_key(rec.key_bytes, z)) not in lru]
-            groups.setdefault(shard, []).extend((rec.key_bytes, a, b) for a, b in _runs(zs))
+            groups.setdefault(shard, []).extend((rec.key_bytes, a, b) for a, b in read_spans.runs(zs))
         for shard, runs in groups.items():
             if runs:
                 env, _, path = self._tiers.env(self._entries[shard])
@@ -448,35 +450,3 @@ def _plane_arg(plane: str | None, window: str | None, method: str) -> str | None
     warnings.warn(f"Store.{method}(window=...) is deprecated and goes in the next release: it reads a stored plane, "
                   f"so spell it plane={window!r}", DeprecationWarning, stacklevel=3)
     return window
-
-
-def _span(rec: SeriesRecord, z0: int, z1: int | None) -> int:
-    """``z1`` (None: the series' end), once ``z0 <= z < z1`` is known to be inside the series."""
-    depth = rec.shape[0]
-    z1 = depth if z1 is None else z1
-    if not 0 <= z0 < z1 <= depth:
-        raise ConfigError(f"slices [{z0}, {z1}) are outside series {rec.key[:12]} of {depth} slices")
-    return z1
-
-
-_local = threading.local()
-
-
-def _scratch(n: int, hw: tuple[int, int], dtype: np.dtype) -> np.ndarray:
-    """This thread's scratch array of ``n`` slices (reused: no page faults for fresh memory per read)."""
-    buf = getattr(_local, "scratch", None)
-    need = n * hw[0] * hw[1] * dtype.itemsize
-    if buf is None or buf.nbytes < need:
-        buf = _local.scratch = np.empty(max(need, 1 << 20), dtype=np.uint8)
-    return buf[:need].view(dtype).reshape(n, *hw)
-
-
-def _runs(zs: list[int]) -> list[tuple[int, int]]:
-    """Consecutive runs ``[a, b)`` of a sorted list of slice indices."""
-    runs: list[tuple[int, int]] = []
-    for z in zs:
-        if runs and runs[-1][1] == z:
-            runs[-1] = (runs[-1][0], z + 1)
-        else:
-            runs.append((z, z + 1))
-    return runs

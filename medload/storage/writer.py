@@ -189,8 +189,9 @@ class StoreWriter:
                 log.warning("shard %s was published but missing from store.json (crash); adding it", name)
                 try:
                     self._add_to_manifest(name, path)
-                except StoreError as exc:
-                    log.warning("shard %s cannot be read (%s): left out of store.json", name, exc)
+                except (StoreError, lmdb.Error) as exc:
+                    log.warning("shard %s cannot be read (%s): left out of store.json; `medload verify` notes it",
+                                name, exc)
         for path in sorted((self.root / "staging").glob("*.lmdb")):
             name = path.name[: -len(".lmdb")]
             env = sh.open_write_env(path, map_size=_MAP_HEADROOM)
