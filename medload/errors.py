@@ -15,6 +15,8 @@ __all__ = [
     "StoreLockedError",
     "SeriesNotFoundError",
     "ChecksumError",
+    "ManifestDamagedError",
+    "ShardUnavailableError",
     "InputProblem",
     "RemoteSourceError",
 ]
@@ -57,6 +59,14 @@ class SeriesNotFoundError(StoreError, KeyError):
 
 class ChecksumError(StoreError):
     """A stored value does not match its checksum: the store is damaged."""
+
+
+class ManifestDamagedError(StoreFormatError):
+    """``store.json`` is missing or does not parse, in a store directory (``medload repair`` restores it)."""
+
+
+class ShardUnavailableError(StoreError):
+    """A series lives in a shard that cannot be read (missing, truncated, damaged): ``medload repair``."""
 
 
 class InputProblem(MedloadError):

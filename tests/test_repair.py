@@ -9,18 +9,20 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
+import lmdb
 import numpy as np
 import pydicom
 import pytest
 
 from conftest import DATA, flip_stored_value
 from medload.config import IngestConfig
-from medload.errors import ConfigError, SeriesNotFoundError
+from medload.errors import ConfigError, ManifestDamagedError, SeriesNotFoundError
 from medload.ingest.repair import repair_store
 from medload.ingest.run import ingest
 from medload.storage.keys import slice_key
-from medload.storage.manifest import read_manifest, shard_path
+from medload.storage.manifest import file_digest, read_manifest, retired_path, shard_path, write_manifest
 from medload.storage.store import open_store
 from medload.storage.verify import verify_store
 from medload.storage.writer import StoreWriter
@@ -139,12 +141,91 @@ def test_repair_restores_a_flipped_byte_from_the_sources(built, store):
     assert _same_data(store, built / "store", key) and _same_data(store, built / "store", _key(store, 6))
 
 
-def test_damage_no_series_owns_is_reported_not_repaired(built, store):
-    data = shard_path(store, read_manifest(store).shards[0].name) / "data.mdb"
+def test_an_unreadable_shard_is_retired_once_its_series_are_stored_again(built, store):
+    entry = read_manifest(store).shards[0]
+    data = shard_path(store, entry.name) / "data.mdb"
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    assert {u.shard for u in open_store(store).unavailable()} == {entry.name}
+    cat = open_store(store).catalog()  # its series, with the reason and no other fields
+    assert len(cat) == 2 and cat.unavailable.str.contains("cannot be read").all() and cat.slices.isna().all()
+
+    again = ingest(built / "src", store, config=CFG)  # a plain re-ingest writes nothing over a shard it cannot read
+    assert {s.status for s in again.series} == {"unavailable"} and again.exit_code(strict=False) == 1
+    assert "medload repair" in again.series[0].reason and read_manifest(store).shards == [entry]
+
+    half = repair_store(store, [built / "src" / "b"], config=CFG)  # a's files are missing: the shard must stay
+    assert not half.ok and half.retired == {} and entry.name in half.not_retired
+    assert [e.name for e in read_manifest(store).shards][0] == entry.name
+    result = repair_store(store, [built / "src"], config=CFG)
+    assert result.ok and list(result.retired) == [entry.name] and result.resealed == []
+    assert entry.name not in {e.name for e in read_manifest(store).shards}
+    assert (retired_path(store, entry.name) / "data.mdb").stat().st_size == entry.bytes // 2  # kept as it was
+    note = json.loads(result.retired[entry.name].read_text())
+    assert "truncated" in note["reason"] and note["series"] == "stored again in other shards"
+    assert sorted(note["store_json_entry"]["keys"]["series"]) == sorted(r.key for r in open_store(built / "store").series())
+    assert all(_same_data(store, built / "store", _key(store, n)) for n in (6, 8))
+    report = verify_store(store)
+    assert report.ok and [d.where for d in report.notes] == [f"retired/{entry.name}.json"]
+
+
+def test_damage_no_series_owns_is_reported_not_repaired(built, store):
+    manifest = read_manifest(store)
+    path = shard_path(store, manifest.shards[0].name)
+    env = lmdb.open(str(path), map_size=1 << 30, max_dbs=64)
+    with env.begin(write=True) as txn:  # a slice value no series record owns: verify names it, repair cannot
+        txn.put(slice_key(bytes(range(16)), 0), b"stray", db=env.open_db(b"slices", txn=txn))
+    env.close()
+    data = path / "data.mdb"
+    manifest.shards = [replace(manifest.shards[0], bytes=data.stat().st_size, digest=file_digest(data))]
+    write_manifest(store, manifest)
     result = repair_store(store, [built / "src"])
-    assert not result.ok and result.series == [] and result.resealed == []
-    assert {d.kind for d in result.after.damage} == {"shard"}
+    assert not result.ok and result.series == [] and result.retired == {}
+    assert "orphan" in {d.kind for d in result.after.damage}
+
+
+def _as_format_2(store) -> None:
+    """Rewrite store.json as medload of format 2 wrote it: no key lists."""
+    doc = json.loads((store / "store.json").read_text())
+    doc["version"] = 2
+    for entry in doc["shards"]:
+        del entry["keys"]
+    (store / "store.json").write_text(json.dumps(doc))
+
+
+def test_a_format_2_store_is_read_and_upgraded(built, store):
+    _as_format_2(store)
+    assert read_manifest(store).shards[0].keys is None and len(open_store(store).series()) == 2
+    proc = medload("repair", store, "--no-progress")  # no damage: no sources needed
+    assert proc.returncode == 0 and "upgraded  store.json to format 3" in proc.stdout, proc.stdout + proc.stderr
+    manifest = read_manifest(store)
+    assert manifest.version == 3
+    assert sorted(manifest.shards[0].keys.series) == sorted(r.key for r in open_store(store).series())
+    assert verify_store(store).ok
+
+
+def test_a_format_2_shard_that_cannot_be_read_is_repaired_from_every_missing_series(built, store):
+    _as_format_2(store)
+    (shard_path(store, read_manifest(store).shards[0].name) / "data.mdb").unlink()
+    (down,) = open_store(store).unavailable()
+    assert down.series is None  # store.json does not say which series it held
+    proc = medload("ls", store)
+    assert proc.returncode == 0 and "does not list its series" in proc.stdout
+    result = repair_store(store, [built / "src"], config=CFG)
+    assert result.ok and list(result.retired) == [down.shard] and len(result.series) == 2
+    assert all(_same_data(store, built / "store", _key(store, n)) for n in (6, 8))
+    assert read_manifest(store).version == 3
+
+
+def test_a_damaged_store_json_is_restored_from_its_copy(built, store):
+    (store / "store.json").write_text((store / "store.json").read_text()[:40])
+    with pytest.raises(ManifestDamagedError, match=f"medload repair {store}"):
+        open_store(store)
+    result = repair_store(store)
+    assert result.restored and result.ok and len(open_store(store).series()) == 2
+    (store / "store.json").unlink()
+    with pytest.raises(ManifestDamagedError, match="is missing"):
+        ingest(built / "src", store, config=CFG)  # a writer does not start a new, empty manifest
+    assert repair_store(store).restored and verify_store(store).ok
 
 
 def test_labels_of_a_replaced_series_are_dropped_until_ingested_again(tmp_path):

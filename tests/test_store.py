@@ -153,7 +153,8 @@ def test_newer_format_version_is_refused(tmp_path, volumes):
 
 
 def test_a_version_1_store_is_read_and_upgraded_by_its_next_writer(tmp_path, volumes):
-    """Version 2 only added the ``replaced`` sub-database, which a version-1 store lacks."""
+    """Version 2 only added the ``replaced`` sub-database, which a version-1 store lacks; version 3 the key
+    lists of store.json, which its next writer fills in."""
     keys = sorted(volumes)
     _write(tmp_path / "s", {k: volumes[k] for k in keys[:1]})
     manifest = tmp_path / "s" / "store.json"
@@ -163,7 +164,8 @@ def test_a_version_1_store_is_read_and_upgraded_by_its_next_writer(tmp_path, vol
     assert open_store(tmp_path / "s").manifest.version == 1
     assert len(open_store(tmp_path / "s").series()) == 1
     _write(tmp_path / "s", {k: volumes[k] for k in keys[1:2]})
-    assert json.loads(manifest.read_text())["version"] == 2
+    doc = json.loads(manifest.read_text())
+    assert doc["version"] == 3 and all(len(entry["keys"]["series"]) == 1 for entry in doc["shards"])
     assert len(open_store(tmp_path / "s").series()) == 2
 
 

@@ -115,14 +115,18 @@ def test_deleted_slice_key_is_named_with_its_z(store):
 
 
 def test_truncated_shard_is_named_and_not_read(store):
+    recs = _records(store)
     data = _shard_dir(store) / "data.mdb"
     os.truncate(data, data.stat().st_size // 2)
     report = verify_store(store)
     name = _shard_dir(store).name[: -len(".lmdb")]
-    assert not report.ok
-    assert {d.kind for d in report.damage} == {"shard"} and {d.where for d in report.damage} == {name}
-    assert any("store.json says" in d.detail for d in report.damage)  # the manifest's size
-    assert any("LMDB needs" in d.detail for d in report.damage)  # and LMDB's own page count: never read past the end
+    assert not report.ok and report.unreadable == [name]
+    shard_level = [d for d in report.damage if d.kind == "shard"]
+    assert {d.where for d in shard_level} == {name} and all(d.unreadable for d in shard_level)
+    assert any("store.json says" in d.detail for d in shard_level)  # the manifest's size
+    assert any("LMDB needs" in d.detail for d in shard_level)  # and LMDB's own page count: never read past the end
+    lost = sorted((d.kind, d.series) for d in report.damage if d.kind != "shard")  # from store.json's key lists
+    assert lost == sorted([("label", recs[8].key), ("series", recs[8].key), ("series", recs[6].key)])
 
 
 def test_missing_window_plane_and_label_slice(store):
@@ -260,7 +264,8 @@ def test_a_key_in_two_shards_is_damage_unless_the_later_one_marks_it_replaced(st
     env.close()
     (path / "lock.mdb").unlink(missing_ok=True)
     data = path / "data.mdb"
-    manifest.shards[1] = replace(first, name="copy", bytes=data.stat().st_size, digest=file_digest(data))
+    manifest.shards[1] = replace(first, name="copy", bytes=data.stat().st_size, digest=file_digest(data),
+                                 keys=replace(first.keys, replaced=tuple(sorted([a.key, b.key]))))
     write_manifest(store, manifest)
     report = verify_store(store)
     assert report.ok, report.damage

@@ -66,20 +66,21 @@ class ShardResolver:
 
     def env(self, entry: ShardEntry) -> tuple[lmdb.Environment, str, Path]:
         """The environment to read ``entry`` from, its tier (``"l2"`` or ``"l3"``) and its path (a shard
-        directory, or a hot copy's single file)."""
+        directory, or a hot copy's single file); a file of another size than ``entry`` records is not
+        opened (ShardUnavailableError, see :func:`~medload.storage.shard.open_read_env`)."""
         self._fresh()
         where = self._where.get(entry.name)
         now = time.monotonic()
         if where is None or (where.tier == "l3" and self.hot is not None and now - where.checked > _RECHECK_SECONDS):
             where = self._where[entry.name] = self._locate(entry)
         try:
-            return sh.reader_env(where.path), where.tier, where.path
+            return sh.reader_env(where.path, entry.bytes), where.tier, where.path
         except (StoreError, lmdb.Error):
             if where.tier != "l2":
                 raise
             # evicted or deleted between lookup and open: read the store this time
             where = self._where[entry.name] = _Where("l3", shard_path(self.root, entry.name))
-            return sh.reader_env(where.path), where.tier, where.path
+            return sh.reader_env(where.path, entry.bytes), where.tier, where.path
 
     def _locate(self, entry: ShardEntry) -> _Where:
         source = shard_path(self.root, entry.name)

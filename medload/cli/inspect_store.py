@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from medload.cli.app import cli, console, short
@@ -15,42 +16,66 @@ from medload.cli.app import cli, console, short
 @cli.command()
 @click.argument("store", type=click.Path(exists=True, path_type=Path))
 def info(store: Path) -> None:
-    """Summary of STORE: format, shards, series, quarantine."""
+    """Summary of STORE: format, shards, series (those in a shard that cannot be read as unavailable), quarantine."""
     from medload.storage.store import open_store
 
     st = open_store(store)
     m = st.manifest
     records = st.series()
+    down = st.unavailable()
     console.print(f"[bold]{store}[/bold]: format v{m.version}, codec {m.codec}, windows {', '.join(m.windows) or 'none'}, "
                f"{len(m.shards)} shard(s), {sum(s.bytes for s in m.shards) / 1e6:.1f} MB, created by {m.created_by}")
     table = Table()
-    for col in ("series", "modality", "shape (D,H,W)", "spacing mm (x,y,z)", "dtype", "manufacturer", "kernel", "flags"):
+    columns = ("series", "modality", "shape (D,H,W)", "spacing mm (x,y,z)", "dtype", "manufacturer", "kernel", "flags")
+    for col in columns + (("unavailable",) if down else ()):
         table.add_column(col)
     for r in records:
         table.add_row(short(r.key), r.modality, "x".join(map(str, r.shape)), ", ".join(f"{v:.3g}" for v in r.spacing),
-                      r.dtype, r.manufacturer or "", r.kernel or "", ", ".join(r.flags))
+                      r.dtype, r.manufacturer or "", r.kernel or "", ", ".join(r.flags), *(("",) if down else ()))
+    for u in down:
+        for key in u.series or ():
+            table.add_row(short(key), *[""] * (len(columns) - 1), f"shard {u.shard} cannot be read")
     console.print(table)
+    for u in down:
+        known = f"{len(u.series)} series" if u.series is not None else "series not listed in store.json (format 2)"
+        console.print(f"[red]unavailable[/red]: shard {escape(u.shard)} ({known}): {escape(u.reason)}", soft_wrap=True)
+    if down:
+        console.print(f"repair: `medload verify {store}`, then `medload repair {store} --sources DIR`", soft_wrap=True)
     counts = Counter((r.status, r.stage) for r in st.rejects())
     if counts:
         console.print("quarantine: " + "; ".join(f"{n} {status} at {stage}" for (status, stage), n in sorted(counts.items()))
                    + f" (details: medload rejects {store} --all)")
-    console.print(f"{len(records)} series, {sum(r.shape[0] for r in records)} slices")
+    lost = sum(len(u.series or ()) for u in down)
+    console.print(f"{len(records)} series, {sum(r.shape[0] for r in records)} slices"
+                  + (f"; {lost} series unavailable in {len(down)} shard(s)" if down else ""))
 
 
 @cli.command(name="ls")
 @click.argument("store", type=click.Path(exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of series records.")
 def ls_(store: Path, as_json: bool) -> None:
-    """List the series of STORE (keys, shapes, geometry, digests)."""
+    """List the series of STORE (keys, shapes, geometry, digests); those in a shard that cannot be read
+    as unavailable, with the reason."""
     from medload.storage.store import open_store
 
-    records = open_store(store).series()
+    st = open_store(store)
+    records, down = st.series(), st.unavailable()
+    lost = [(key, u) for u in down for key in u.series or ()]
     if as_json:
-        click.echo(json.dumps([r.to_dict() for r in records], indent=1))
+        click.echo(json.dumps([{**r.to_dict(), "unavailable": None} for r in records]
+                              + [{"key": key, "shard": u.shard, "unavailable": u.reason} for key, u in lost], indent=1))
         return
     for r in records:
         split = f"  split {r.split}" if r.split else ""
         click.echo(f"{r.key}  {r.modality:3s} {'x'.join(map(str, r.shape)):>14s}  digest {r.digest}{split}")
+    for key, u in lost:
+        click.echo(f"{key}  unavailable: shard {u.shard} cannot be read ({u.reason})")
+    for u in down:
+        if u.series is None:
+            click.echo(f"shard {u.shard} cannot be read ({u.reason}); store.json does not list its series (format 2)")
+    if down:
+        click.echo(f"{len(lost)} series unavailable: `medload verify {store}`, then `medload repair {store} --sources DIR`",
+                   err=True)
 
 
 @cli.command()

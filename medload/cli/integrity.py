@@ -57,27 +57,37 @@ def _print_findings(report, prefix: str) -> None:
 @click.pass_obj
 def repair(config: MedloadConfig, store: Path, source_paths: tuple[Path, ...], label_paths: tuple[Path, ...],
            workers: int | None, key_file: Path | None, no_progress: bool) -> None:
-    """Verify STORE, ingest its damaged series again from --sources (replacing the damaged copies), verify
-    again; exit 0 only if STORE then verifies clean."""
+    """Verify STORE, ingest its damaged series again from --sources (replacing the damaged copies), retire
+    shards that cannot be read to STORE/retired/, verify again; exit 0 only if STORE then verifies clean.
+    A damaged store.json is restored from its copy first (no --sources needed for that alone)."""
     from medload.ingest.repair import repair_store
 
     cfg = with_overrides(config.ingest, workers=workers)
     result = repair_store(store, source_paths, labels=label_paths, config=cfg, key_file=key_file,
                           progress=not no_progress)
+    if result.restored:
+        click.echo("restored  store.json from its copy store.json.bak")
+    if result.upgraded:
+        click.echo("upgraded  store.json to format 3: it lists the keys each shard holds")
     if result.before.ok:
         click.echo(f"{store}: ok: no damage, nothing to repair")
         sys.exit(0)
     for s in result.series:
-        if s.status == "replaced":
+        if s.status in ("replaced", "ingested"):
             click.echo(f"repaired  {s.key}: ingested again from the sources; the damaged copy is superseded")
         else:
             click.echo(f"not repaired  {s.key}: {s.status}: {s.reason or ''}")
+    for name, note in result.retired.items():
+        click.echo(f"retired   shard {name}: it cannot be read and its series are stored again; moved to "
+                   f"{note.parent}/ with the note {note.name}")
+    for name, why in result.not_retired.items():
+        click.echo(f"not retired  shard {name}: {why}")
     for name in result.resealed:
         click.echo(f"resealed  shard {name}: every live value in it verifies; store.json records its present bytes")
     for key in result.labels_dropped:
         click.echo(f"labels lost  {key}: its stored labels went with the damaged copy: give them with --labels")
     _print_findings(result.after, "not repaired")
     click.echo(f"{store}: {'ok' if result.ok else 'DAMAGED'}: {len(result.before.damage)} damage finding(s) before, "
-               f"{len(result.after.damage)} after; {sum(s.status == 'replaced' for s in result.series)} series "
-               f"ingested again, {len(result.resealed)} shard(s) resealed")
+               f"{len(result.after.damage)} after; {sum(s.status in ('replaced', 'ingested') for s in result.series)} "
+               f"series ingested again, {len(result.resealed)} shard(s) resealed, {len(result.retired)} retired")
     sys.exit(0 if result.ok else 1)

@@ -9,7 +9,7 @@ from medload.storage.records import RejectRecord
 
 __all__ = ["SeriesOutcome", "LabelOutcome", "IngestReport"]
 
-STATUSES = ("ingested", "replaced", "present", "skipped", "rejected", "conflict", "not_found", "failed")
+STATUSES = ("ingested", "replaced", "present", "skipped", "rejected", "conflict", "not_found", "failed", "unavailable")
 
 
 @dataclass(frozen=True)
@@ -17,8 +17,9 @@ class SeriesOutcome:
     """One candidate volume: ``ingested``, ``replaced`` (forced: written again over the stored copy),
     ``present`` (already in the store), ``skipped`` (not a volume), ``rejected`` (a policy or a broken
     file refused it), ``conflict`` (its key is stored from different source instances; left unchanged)
-    ``not_found`` (forced, but none of its files is among the sources; left unchanged) or ``failed``
-    (the Dask task writing it failed: nothing of it was stored, running the ingest again retries it)."""
+    ``not_found`` (forced, but none of its files is among the sources; left unchanged), ``failed``
+    (the Dask task writing it failed: nothing of it was stored, running the ingest again retries it) or
+    ``unavailable`` (stored in a shard that cannot be read: ``medload repair`` ingests it again)."""
 
     key: str
     status: str
@@ -69,10 +70,10 @@ class IngestReport:
         return [r for r in self.rejects if r.status == status]
 
     def exit_code(self, strict: bool) -> int:
-        """0; 1 when a forced series was not found among the sources or a series failed, or, under
-        ``strict``, when anything was rejected or in conflict."""
+        """0; 1 when a forced series was not found among the sources, a series failed or is stored in a shard
+        that cannot be read, or, under ``strict``, when anything was rejected or in conflict."""
         bad = self.count("conflict") + len(self.quarantined("rejected"))
-        return 1 if self.count("not_found") or self.count("failed") or (strict and bad) else 0
+        return 1 if self.count("not_found") or self.count("failed") or self.count("unavailable") or (strict and bad) else 0
 
     def mark_replaced(self, replaced: dict[bytes, bool]) -> None:
         """Series written over a stored copy (key -> whether its stored labels were dropped, see

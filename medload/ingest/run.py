@@ -184,6 +184,11 @@ def _plan(candidates: list[SeriesCandidate], writer: StoreWriter, cfg: IngestCon
             report.rejects.append(_series_record(cand, "rejected", "series", cand.reject_reason))
             continue
         stored = writer.series_fingerprints.get(cand.key)
+        if cand.key in writer.unavailable and cand.key not in forced:
+            report.series.append(SeriesOutcome(status="unavailable", reason=(
+                f"stored in shard {writer.unavailable[cand.key]}, which cannot be read: `medload repair "
+                f"{writer.root} --sources DIR` ingests it again and retires the shard"), **outcome))
+            continue
         if stored is not None and cand.key not in forced:
             if stored == cand.fingerprint:
                 report.series.append(SeriesOutcome(status="present", **outcome))

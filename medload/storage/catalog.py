@@ -7,7 +7,8 @@ works on them; ``label_classes``, ``windows`` and ``flags`` are tuples of names.
 :class:`~medload.storage.records.SeriesRecord`): ``cat.query("time_series == @ts").sort_values("time_point")``
 lists the time points of one time series in order. Filter names follow
 the dataset filters (``modality``, ``kernel``, ``slice_thickness``), and a filtered frame's ``key``
-column feeds a dataset directly.
+column feeds a dataset directly. A series in a shard that cannot be read has a row with its key, its
+shard and, in ``unavailable``, why (empty otherwise); its other fields are missing (``<NA>``).
 
 Examples:
     >>> cat = store.catalog()
@@ -29,7 +30,7 @@ __all__ = ["COLUMNS", "catalog"]
 
 COLUMNS = ("key", "patient", "study", "modality", "body_part", "manufacturer", "model", "kernel", "slice_thickness",
            "slices", "rows", "columns", "spacing_x", "spacing_y", "spacing_z", "dtype", "labelled", "label_classes",
-           "windows", "flags", "split", "time_series", "time_point", "shard")
+           "windows", "flags", "split", "time_series", "time_point", "shard", "unavailable")
 """Catalog columns, in order. ``patient`` and ``study`` are keyed pseudonyms, never DICOM identifiers."""
 
 
@@ -38,13 +39,21 @@ def catalog(store: Store) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
+    down = store.unavailable()
+    lost_labels = {key: u for u in down for key in u.labels or ()}
     for rec in store.series():
-        label = store.labels(rec.key_bytes)
+        label = store.labels(rec.key_bytes) if rec.key not in lost_labels else None
         classes = () if label is None else tuple(label.classes[c] for c in sorted(label.classes, key=int))
+        why = f"its labels are in shard {lost_labels[rec.key].shard}, which cannot be read" if rec.key in lost_labels else ""
         rows.append((rec.key, rec.patient, rec.study, rec.modality, rec.body_part, rec.manufacturer, rec.model,
-                     rec.kernel, rec.slice_thickness, *rec.shape, *rec.spacing, rec.dtype, label is not None,
-                     classes, rec.windows, rec.flags, rec.split, rec.time_series, rec.time_point, rec.shard))
-    frame = pd.DataFrame.from_records(rows, columns=list(COLUMNS))
-    return frame.astype({"slices": "int64", "rows": "int64", "columns": "int64", "slice_thickness": "float64",
-                         "spacing_x": "float64", "spacing_y": "float64", "spacing_z": "float64", "labelled": "bool",
-                         "time_point": "int64"})
+                     rec.kernel, rec.slice_thickness, *rec.shape, *rec.spacing, rec.dtype,
+                     label is not None or rec.key in lost_labels, classes, rec.windows, rec.flags, rec.split,
+                     rec.time_series, rec.time_point, rec.shard, why))
+    lost = [(key, u) for u in down for key in u.series or ()]
+    for key, u in lost:
+        rows.append((key, *[None] * (len(COLUMNS) - 3), u.shard, f"shard {u.shard} cannot be read: {u.reason}"))
+    frame = pd.DataFrame.from_records(rows, columns=list(COLUMNS)).sort_values("key", ignore_index=True)
+    whole, real = ("int64", "float64") if not lost else ("Int64", "Float64")  # nullable where rows lack values
+    return frame.astype({"slices": whole, "rows": whole, "columns": whole, "slice_thickness": real, "spacing_x": real,
+                         "spacing_y": real, "spacing_z": real, "labelled": "bool" if not lost else "boolean",
+                         "time_point": whole})

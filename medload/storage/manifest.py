@@ -2,13 +2,20 @@
 
 A store is a directory::
 
-    store.json          this manifest: format version, codec, windows, published shards
+    store.json          this manifest: format version, codec, windows, published shards and the keys they hold
+    store.json.bak      a copy of it, written after it: what `medload repair` restores a damaged manifest from
     shards/<name>.lmdb  published (immutable) LMDB environments
     staging/<name>.lmdb shards being written; never read; adopted by the next writer after a crash
     writer.lock         flock held by the one writer
 
 Readers trust only the shards this manifest lists. It is replaced atomically (temporary file, fsync,
 rename, fsync of the directory), so a crash leaves either the old or the new manifest.
+
+Version 3 lists, per shard, the keys of the series, labels and replacement markers it holds
+(:class:`ShardKeys`), so that a shard that cannot be read still says which series it held: a reader
+shows them unavailable, and ``medload repair`` ingests them again. A version-2 manifest is read as is
+(its shards' keys are unknown); the next writer lists the keys of every shard it can read and writes
+version 3.
 """
 
 from __future__ import annotations
@@ -20,28 +27,49 @@ from pathlib import Path
 
 import xxhash
 
-from medload.errors import StoreFormatError
+from medload.errors import ManifestDamagedError, StoreFormatError
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry", "read_manifest", "write_manifest",
-           "manifest_path", "shard_path", "staging_path", "write_file_atomic", "fsync_dir", "file_digest"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry", "ShardKeys", "read_manifest",
+           "write_manifest", "restore_manifest", "manifest_path", "backup_path", "shard_path", "staging_path",
+           "retired_path", "write_file_atomic", "fsync_dir", "file_digest"]
 
 FORMAT_NAME = "medload-store"
 #: 2 added each shard's ``replaced`` sub-database (``ingest --force``, see :mod:`medload.storage.live`).
 #: A version-1 store is a version-2 store without markers: it is read as is, and its manifest says 2 once
 #: a writer of this version rewrites it (a version-1 reader would ignore markers, so it must refuse).
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+#: 3 added each shard's :class:`ShardKeys`; the shards themselves are as in version 2.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The hex keys a shard holds records of: series, label records, and replacement markers (see
+    :mod:`medload.storage.live`), each sorted."""
+
+    series: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    replaced: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class ShardEntry:
     """One published shard: its directory name under ``shards/``, what it holds, and the xxh3-128 of
-    its ``data.mdb`` (published shards never change, so a copy can be checked against it)."""
+    its ``data.mdb`` (published shards never change, so a copy can be checked against it). ``keys``
+    is None where the manifest does not know them (a shard listed by format 2 and not read since)."""
 
     name: str
     series: int
     bytes: int
     digest: str
+    keys: ShardKeys | None = None
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> ShardEntry:
+        keys = doc.get("keys")
+        if keys is not None:
+            keys = ShardKeys(**{field_name: tuple(v) for field_name, v in keys.items()})
+        return cls(**{**doc, "keys": keys})
 
 
 @dataclass
@@ -65,7 +93,7 @@ class Manifest:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise StoreFormatError(f"{where} is not valid JSON ({exc}): the store manifest is damaged") from None
+            raise ManifestDamagedError(f"{where} is not valid JSON ({exc}): the store manifest is damaged") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise StoreFormatError(f"{where} is not a medload store manifest")
         if doc.get("version") not in READABLE_VERSIONS:
@@ -79,11 +107,11 @@ class Manifest:
                 windows=tuple(doc["windows"]),
                 key_fingerprint=doc["key_fingerprint"],
                 created_by=doc["created_by"],
-                shards=[ShardEntry(**s) for s in doc["shards"]],
+                shards=[ShardEntry.from_dict(s) for s in doc["shards"]],
                 version=doc["version"],
             )
-        except (KeyError, TypeError) as exc:
-            raise StoreFormatError(f"{where} lacks or mangles field {exc}: the store manifest is damaged") from None
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ManifestDamagedError(f"{where} lacks or mangles field {exc}: the store manifest is damaged") from None
 
 
 def file_digest(path: Path, chunk: int = 8 << 20) -> str:
@@ -99,6 +127,11 @@ def manifest_path(root: Path) -> Path:
     return root / "store.json"
 
 
+def backup_path(root: Path) -> Path:
+    """The copy of ``store.json`` that every manifest write leaves next to it."""
+    return root / "store.json.bak"
+
+
 def shard_path(root: Path, name: str) -> Path:
     return root / "shards" / f"{name}.lmdb"
 
@@ -107,14 +140,27 @@ def staging_path(root: Path, name: str) -> Path:
     return root / "staging" / f"{name}.lmdb"
 
 
+def retired_path(root: Path, name: str) -> Path:
+    """Where ``medload repair`` moves a shard that cannot be read, once its series are stored again."""
+    return root / "retired" / f"{name}.lmdb"
+
+
 def read_manifest(root: Path) -> Manifest:
     """Read and check ``store.json`` of the store at ``root``."""
     path = manifest_path(root)
+    restore = f"restore it from its copy with `medload repair {root}`"
     try:
-        text = path.read_text()
+        text = path.read_text(errors="replace")
     except FileNotFoundError:
+        if backup_path(root).is_file():
+            raise ManifestDamagedError(f"{path} is missing: {restore}") from None
         raise StoreFormatError(f"{root} is not a medload store (no store.json): create it with `medload ingest`") from None
-    return Manifest.from_json(text, path)
+    try:
+        return Manifest.from_json(text, path)
+    except ManifestDamagedError as exc:
+        if backup_path(root).is_file():
+            raise ManifestDamagedError(f"{exc}: {restore}") from None
+        raise
 
 
 def write_file_atomic(path: Path, data: bytes) -> None:
@@ -140,6 +186,25 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:
-    """Atomically replace ``store.json``, in this medload's format version."""
+    """Atomically replace ``store.json``, in this medload's format version, then its copy."""
     manifest.version = FORMAT_VERSION
-    write_file_atomic(manifest_path(root), manifest.to_json().encode())
+    data = manifest.to_json().encode()
+    write_file_atomic(manifest_path(root), data)
+    write_file_atomic(backup_path(root), data)
+
+
+def restore_manifest(root: Path) -> bool:
+    """Replace a ``store.json`` that does not read with its copy, when the copy reads; whether it did.
+
+    The copy may lag by the last shard published (a crash between the two writes): the next writer adds
+    a published shard that the manifest misses (see :class:`~medload.storage.writer.StoreWriter`)."""
+    try:
+        read_manifest(root)
+        return False
+    except ManifestDamagedError:
+        if not backup_path(root).is_file():
+            raise
+    data = backup_path(root).read_bytes()
+    Manifest.from_json(data.decode(errors="replace"), backup_path(root))  # refuses a damaged copy too
+    write_file_atomic(manifest_path(root), data)
+    return True

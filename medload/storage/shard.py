@@ -4,6 +4,10 @@ Follows py-lmdb's "Forking & multiprocessing" rules: a writer environment is ope
 process only; readers open published shards read-only with ``lock=False`` (they are immutable, so no
 reader table is needed) and ``readahead=False`` (random slab reads should not pull neighbours from
 disk), and never use an environment across ``fork`` (see :mod:`medload.storage.store`).
+
+LMDB maps the file, and reading a page past its end kills the process (SIGBUS) instead of raising. So
+a reader that knows the size ``store.json`` records opens a shard only when its ``data.mdb`` has that
+size, and keeps it only when the file holds every page its meta page counts.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import threading
 
 import lmdb
 
-from medload.errors import StoreError
+from medload.errors import ShardUnavailableError
 from medload.storage.value_reads import forget
 
 __all__ = ["SLICES", "LABELS", "LABEL_SERIES", "SERIES", "REJECTS", "REPLACED", "INDEXES", "window_db", "open_write_env",
@@ -49,16 +53,29 @@ def open_write_env(path: Path, map_size: int) -> lmdb.Environment:
     )
 
 
-def open_read_env(path: Path) -> lmdb.Environment:
+def open_read_env(path: Path, expected_bytes: int | None = None) -> lmdb.Environment:
     """Open a published (immutable) shard for reading: a shard directory, or a single-file copy of
-    its ``data.mdb`` (as the hot-shard tier keeps them)."""
+    its ``data.mdb`` (as the hot-shard tier keeps them). With ``expected_bytes`` (what ``store.json``
+    records), a file of another size is not opened at all. :class:`ShardUnavailableError` says why a
+    shard cannot be opened: missing, another size, not an LMDB file, fewer pages than LMDB counts."""
     single_file = path.suffix == ".mdb"
     data = path if single_file else path / "data.mdb"
     if not data.is_file():
-        raise StoreError(f"shard {path} is missing: the store is damaged (run `medload verify`) or a copy vanished")
-    return lmdb.open(
-        str(path), readonly=True, lock=False, readahead=False, max_dbs=_MAX_DBS, subdir=not single_file, create=False,
-    )
+        raise ShardUnavailableError(f"{data.name} is missing")
+    size = data.stat().st_size
+    if expected_bytes is not None and size != expected_bytes:
+        raise ShardUnavailableError(f"{data.name} has {size} bytes, store.json records {expected_bytes} (truncated or "
+                                    "replaced); it is not opened, as reading past its end would kill the reader")
+    try:
+        env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, max_dbs=_MAX_DBS,
+                        subdir=not single_file, create=False)
+    except lmdb.Error as exc:
+        raise ShardUnavailableError(f"LMDB cannot open it ({exc})") from None
+    needed = env_bytes(env)
+    if size < needed:
+        env.close()
+        raise ShardUnavailableError(f"{data.name} is truncated: {size} bytes, LMDB needs {needed}")
+    return env
 
 
 _readers: dict[Path, lmdb.Environment] = {}
@@ -74,8 +91,9 @@ def _new_lock_in_child() -> None:
 os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
-def reader_env(path: Path) -> lmdb.Environment:
-    """The read-only environment of a published shard, opened once per process.
+def reader_env(path: Path, expected_bytes: int | None = None) -> lmdb.Environment:
+    """The read-only environment of a published shard, opened once per process (the first open checks
+    the file, see :func:`open_read_env`).
 
     LMDB allows one handle per environment and process, so every :class:`~medload.storage.Store` of a
     process shares these. After a ``fork`` the child closes the handles it inherited and opens its own:
@@ -95,7 +113,7 @@ def reader_env(path: Path) -> lmdb.Environment:
             _readers_pid = os.getpid()
         env = _readers.get(path)
         if env is None:
-            env = _readers[path] = open_read_env(path)
+            env = _readers[path] = open_read_env(path, expected_bytes)
         return env
 
 

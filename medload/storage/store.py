@@ -10,13 +10,16 @@ A :class:`Store` is safe to hand to DataLoader workers under ``fork`` and ``spaw
 path and cache settings, and LMDB environments are opened lazily in the process that uses them, once
 per process for all Store objects (a pid check reopens them after a fork, following py-lmdb's rule that
 an environment is never used across ``fork``).
+
+A store with a shard that cannot be read opens degraded (see :mod:`medload.storage.availability`):
+:meth:`Store.unavailable` names the shard, why, and its series; reading one of them raises
+:class:`~medload.errors.ShardUnavailableError` saying what to do; every other series reads as before.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
@@ -30,11 +33,15 @@ from medload import windows
 from medload.cache.lru import shared_lru
 from medload.cache.tiered import ShardResolver
 from medload.config import CacheConfig, parse_size
-from medload.errors import ChecksumError, ConfigError, SeriesNotFoundError, StoreError, StoreFormatError
+from medload.errors import (ChecksumError, ConfigError, SeriesNotFoundError, ShardUnavailableError, StoreError,
+                             StoreFormatError)
 from medload.storage import shard as sh
+from medload.storage.availability import Unavailable, read_shards, repair_hint, unavailable
 from medload.storage.keys import match_key, slice_key
-from medload.storage.live import merge, read_shard
+from medload.storage.live import merge
 from medload.storage.manifest import Manifest, ShardEntry, read_manifest, shard_path
+from medload.storage import read_spans
+from medload.storage.read_spans import span_end
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 from medload.storage.selection import select_series, slab_starts, thick_enough
 from medload.storage.uri import item_uri
@@ -92,6 +99,7 @@ class Store:
         self._entries = {s.name: s for s in self.manifest.shards}
         self._records: dict[bytes, SeriesRecord] | None = None
         self._labels: dict[bytes, LabelRecord] | None = None
+        self._unavailable: list[Unavailable] = []
         self._tiers = ShardResolver(self.path, self.cache)
 
     # ---- pickling, refresh, close -----------------------------------------------------------
@@ -107,6 +115,7 @@ class Store:
         self._entries = {s.name: s for s in self.manifest.shards}
         self._records = None
         self._labels = None
+        self._unavailable = []
 
     def close(self) -> None:
         """Close this process's LMDB handles on the store's shards (other Store objects of the same
@@ -115,7 +124,7 @@ class Store:
         self._tiers.close()
 
     def _meta_env(self, shard_name: str) -> lmdb.Environment:
-        return sh.reader_env(shard_path(self.path, shard_name))
+        return sh.reader_env(shard_path(self.path, shard_name), self._entries[shard_name].bytes)
 
     # ---- records -----------------------------------------------------------------------------
     def _all_records(self) -> dict[bytes, SeriesRecord]:
@@ -130,13 +139,34 @@ class Store:
 
     def _load_records(self) -> None:
         """The live series and label records: a later shard's replacement supersedes earlier copies
-        (see :mod:`medload.storage.live`)."""
-        live = merge(read_shard(self._meta_env(e.name), e.name) for e in self.manifest.shards)
+        (see :mod:`medload.storage.live`); those in shards that cannot be read are unavailable."""
+        shards, down = read_shards(self.path, self.manifest)
+        live = merge(shards)
         for (kind, key), (shard, why) in live.broken.items():
             log.warning("%s record %s in shard %s does not parse (%s): skipped; run `medload verify %s`",
                         kind, key.hex(), shard, why, self.path)
+        self._unavailable = unavailable(self.manifest, live, down)
         self._records = dict(sorted(live.series.items()))
         self._labels = live.labels
+
+    def unavailable(self) -> list[Unavailable]:
+        """The shards that cannot be read, why, and the series (and labels) whose live copies they hold:
+        :meth:`series` leaves those series out, and reading one raises ShardUnavailableError.
+
+        Example:
+            >>> store.unavailable()   # a healthy store
+            []
+        """
+        self._all_records()
+        return list(self._unavailable)
+
+    def _lost(self, key: bytes, kind: str = "series") -> ShardUnavailableError | None:
+        """The error of reading series ``key`` (or its label) whose live copy is in a shard that cannot be read."""
+        for u in self._unavailable:
+            if key.hex() in ((u.series if kind == "series" else u.labels) or ()):
+                return ShardUnavailableError(f"{kind} {key.hex()[:12]} of {self.path} is in shard {u.shard}, which "
+                                             f"cannot be read ({u.reason}): {repair_hint(self.path)}")
+        return None
 
     def labels(self, key: str | bytes) -> LabelRecord | None:
         """The label record of a series (classes, per-slice foreground counts, source), or None."""
@@ -164,16 +194,22 @@ class Store:
     def record(self, key: str | bytes) -> SeriesRecord:
         """The record of one series, by key bytes, full hex key or a unique hex prefix."""
         records = self._all_records()
-        if isinstance(key, bytes):
-            if key in records:
-                return records[key]
-            raise SeriesNotFoundError(f"no series {key.hex()} in {self.path}: list them with `medload ls {self.path}`")
-        return records[match_key(key, records, self.path)]
+        lost = [bytes.fromhex(k) for u in self._unavailable for k in u.series or ()]
+        if not isinstance(key, bytes):
+            key = match_key(key, [*records, *lost], self.path)
+        if key in records:
+            return records[key]
+        raise self._lost(key) or SeriesNotFoundError(f"no series {key.hex()} in {self.path}: list them with "
+                                                     f"`medload ls {self.path}`")
 
     def rejects(self, *, include_skipped: bool = True) -> list[RejectRecord]:
         """Quarantine records: inputs that were rejected (and, by default, skipped), sorted by source."""
         out = []
+        down = {u.shard for u in self.unavailable()}
         for entry in self.manifest.shards:
+            if entry.name in down:
+                log.warning("the quarantine records of shard %s are unavailable: it cannot be read", entry.name)
+                continue
             env = self._meta_env(entry.name)
             with env.begin(buffers=True) as txn:
                 dbs = sh.open_dbs(env, [sh.REJECTS], create=False, txn=txn)
@@ -273,6 +309,8 @@ class Store:
         (uint8, or uint16 beyond 255 classes; 0 is background; see :meth:`labels` for class names)."""
         rec = self.record(key)
         label = self._all_labels().get(rec.key_bytes)
+        if label is None and (lost := self._lost(rec.key_bytes, "label")) is not None:
+            raise lost
         if label is None:
             raise ConfigError(f"series {rec.key[:12]} has no labels: ingest them with `medload ingest ... --labels`")
         return self._read(rec, sh.LABELS, np.dtype(label.dtype), z0, z1, verify, out, shard=label.shard)
@@ -293,7 +331,7 @@ class Store:
 
     def _read(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None,
               verify: bool | None, out: np.ndarray | None = None, shard: str | None = None) -> np.ndarray:
-        z1 = _span(rec, z0, z1)
+        z1 = span_end(rec, z0, z1)
         shape = (z1 - z0, rec.shape[1], rec.shape[2])
         if out is None:
             out = np.empty(shape, dtype=dtype)
@@ -310,7 +348,7 @@ class Store:
 
         L1 first; then each run of misses is read with one range scan. A miss the L1 admits is decoded
         into an array of its own, which the L1 keeps without a copy (unless it went into ``out``)."""
-        z1 = _span(rec, z0, z1)
+        z1 = span_end(rec, z0, z1)
         verify = self.cache.verify if verify is None else verify
         entry = self._entries[shard or rec.shard]
         key = rec.key_bytes
@@ -329,9 +367,9 @@ class Store:
                     out[z - z0] = planes[z - z0] = hit
         hw = tuple(rec.shape[1:])
         nbytes = hw[0] * hw[1] * dtype.itemsize
-        scratch = _scratch(len(missing), hw, dtype) if transient and out is None and missing else None
+        scratch = read_spans.scratch(len(missing), hw, dtype) if transient and out is None and missing else None
         spare = iter(scratch) if scratch is not None else None
-        for a, b in _runs(missing):
+        for a, b in read_spans.runs(missing):
             kept = [lru is not None and lru.admits((entry.digest, db, slice_key(key, z)), nbytes) for z in range(a, b)]
             for z, keep in zip(range(a, b), kept):
                 if out is not None:
@@ -348,15 +386,21 @@ class Store:
 
     def _scan(self, entry: ShardEntry, db: bytes, key: bytes, z0: int, z1: int, targets: list[np.ndarray],
               verify: bool) -> None:
-        env, tier, path = self._tiers.env(entry)
         try:
-            nbytes = read_values(env, path, db, key, z0, z1, targets, verify)
-        except (ChecksumError, StoreFormatError, StoreError, lmdb.Error) as exc:
-            if tier != "l2":
-                raise
-            self._tiers.damaged(entry, exc)
             env, tier, path = self._tiers.env(entry)
-            nbytes = read_values(env, path, db, key, z0, z1, targets, verify)
+            try:
+                nbytes = read_values(env, path, db, key, z0, z1, targets, verify)
+            except (StoreError, lmdb.Error) as exc:
+                if tier != "l2":
+                    raise
+                self._tiers.damaged(entry, exc)
+                env, tier, path = self._tiers.env(entry)
+                nbytes = read_values(env, path, db, key, z0, z1, targets, verify)
+        except (StoreError, lmdb.Error) as exc:
+            plane = "" if db == sh.SLICES else f" ({db.decode()})"
+            what = f"slices {z0}-{z1 - 1}{plane} of series {key.hex()[:12]} in shard {entry.name} of {self.path}"
+            error = type(exc) if isinstance(exc, (ChecksumError, StoreFormatError)) else ShardUnavailableError
+            raise error(f"{what} do not read ({exc}): {repair_hint(self.path)}") from None
         self._tiers.count(tier, z1 - z0, nbytes)
 
     # ---- read-ahead --------------------------------------------------------------------------
@@ -387,9 +431,9 @@ class Store:
         for rec, z0, z1 in items:
             shard = self._all_labels()[rec.key_bytes].shard if db == sh.LABELS else rec.shard
             digest = self._entries[shard].digest
-            zs = [z for z in range(z0, _span(rec, z0, z1))
+            zs = [z for z in range(z0, span_end(rec, z0, z1))
                   if lru is None or (digest, db, slice_key(rec.key_bytes, z)) not in lru]
-            groups.setdefault(shard, []).extend((rec.key_bytes, a, b) for a, b in _runs(zs))
+            groups.setdefault(shard, []).extend((rec.key_bytes, a, b) for a, b in read_spans.runs(zs))
         for shard, runs in groups.items():
             if runs:
                 env, _, path = self._tiers.env(self._entries[shard])
@@ -406,35 +450,3 @@ def _plane_arg(plane: str | None, window: str | None, method: str) -> str | None
     warnings.warn(f"Store.{method}(window=...) is deprecated and goes in the next release: it reads a stored plane, "
                   f"so spell it plane={window!r}", DeprecationWarning, stacklevel=3)
     return window
-
-
-def _span(rec: SeriesRecord, z0: int, z1: int | None) -> int:
-    """``z1`` (None: the series' end), once ``z0 <= z < z1`` is known to be inside the series."""
-    depth = rec.shape[0]
-    z1 = depth if z1 is None else z1
-    if not 0 <= z0 < z1 <= depth:
-        raise ConfigError(f"slices [{z0}, {z1}) are outside series {rec.key[:12]} of {depth} slices")
-    return z1
-
-
-_local = threading.local()
-
-
-def _scratch(n: int, hw: tuple[int, int], dtype: np.dtype) -> np.ndarray:
-    """This thread's scratch array of ``n`` slices (reused: no page faults for fresh memory per read)."""
-    buf = getattr(_local, "scratch", None)
-    need = n * hw[0] * hw[1] * dtype.itemsize
-    if buf is None or buf.nbytes < need:
-        buf = _local.scratch = np.empty(max(need, 1 << 20), dtype=np.uint8)
-    return buf[:need].view(dtype).reshape(n, *hw)
-
-
-def _runs(zs: list[int]) -> list[tuple[int, int]]:
-    """Consecutive runs ``[a, b)`` of a sorted list of slice indices."""
-    runs: list[tuple[int, int]] = []
-    for z in zs:
-        if runs and runs[-1][1] == z:
-            runs[-1] = (runs[-1][0], z + 1)
-        else:
-            runs.append((z, z + 1))
-    return runs

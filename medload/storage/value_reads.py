@@ -80,14 +80,20 @@ class _Page:
             raise StoreFormatError(f"{path}: page {pgno} is neither a branch nor a leaf page (flags {flags:#x}): "
                                    "the shard is damaged; run `medload verify`")
         n = (lower - _PAGE.size) >> 1
-        ptrs = struct.unpack_from(f"={n}H", page, _PAGE.size)
         self.pgno, self.leaf, self.data = pgno, flags & _P_LEAF == _P_LEAF, []
-        self.nodes = [_NODE.unpack_from(page, ptr) for ptr in ptrs]      # (lo, hi, flags, key size)
-        self.keys = [page[ptr + _NODE.size : ptr + _NODE.size + node[3]] for ptr, node in zip(ptrs, self.nodes)]
-        if self.leaf:  # where each node's data start: a value, or the page number of its overflow pages
-            self.data = [ptr + _NODE.size + node[3] for ptr, node in zip(ptrs, self.nodes)]
-            self.data = [(_PGNO.unpack_from(page, d)[0] if node[2] & _F_BIGDATA else None, d)
-                         for d, node in zip(self.data, self.nodes)]
+        try:
+            ptrs = struct.unpack_from(f"={n}H", page, _PAGE.size)
+            self.nodes = [_NODE.unpack_from(page, ptr) for ptr in ptrs]      # (lo, hi, flags, key size)
+            self.keys = [page[ptr + _NODE.size : ptr + _NODE.size + node[3]] for ptr, node in zip(ptrs, self.nodes)]
+            if self.leaf:  # where each node's data start: a value, or the page number of its overflow pages
+                self.data = [ptr + _NODE.size + node[3] for ptr, node in zip(ptrs, self.nodes)]
+                self.data = [(_PGNO.unpack_from(page, d)[0] if node[2] & _F_BIGDATA else None, d)
+                             for d, node in zip(self.data, self.nodes)]
+        except struct.error:
+            raise StoreFormatError(f"{path}: a node of page {pgno} lies outside the page: the shard is damaged; "
+                                   "run `medload verify`") from None
+        if not self.leaf and not self.nodes:
+            raise StoreFormatError(f"{path}: branch page {pgno} has no nodes: the shard is damaged; run `medload verify`")
 
 
 class _Tree:

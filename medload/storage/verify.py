@@ -1,7 +1,8 @@
 """``medload verify``: find and name damage in a store, read-only, never stopping at the first finding.
 
 Checks: ``store.json`` reads and each listed ``data.mdb`` has its recorded size and xxh3-128; LMDB opens
-each shard (one shorter than its own page count is not read: that would be SIGBUS); every record parses;
+each shard (one shorter than its own page count is not read: that would be SIGBUS); each shard holds the
+records ``store.json`` lists for it (format 3); every record parses;
 each live series has exactly ``shape[0]`` slices ``z = 0..D-1`` that decode with their checksum, shape
 and dtype, and whose digests give the record's ``digest``; window planes and labels likewise; values
 with no record are orphans; indexes point only to series of their shard and list every series; a key
@@ -9,7 +10,9 @@ held by two shards is damage unless the later one marks it replaced (see :mod:`m
 the superseded copy is not checked, only noted with the bytes it takes. ``deep``: each record's
 per-slice source hashes are looked up among the files under ``sources``. ``damage`` is damage of
 committed data; ``notes`` hold the rest (shards a crashed writer left unlisted or unpublished,
-superseded copies, series whose sources were not found).
+superseded copies, series whose sources were not found, shards ``repair`` retired). A shard readers
+cannot use at all is *unreadable* (:attr:`VerifyReport.unreadable`), and each series whose live copy
+it holds is damage: ``repair`` ingests those again and retires the shard.
 
 The checks live in :mod:`~medload.storage.verify_shard` (one shard), :mod:`~medload.storage.verify_isolated`
 (suspect shards, read in a child process) and :mod:`~medload.storage.verify_sources` (``deep``).
@@ -21,12 +24,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import lmdb
-
-from medload.errors import ConfigError, StoreError
+from medload.errors import ConfigError, ShardUnavailableError, StoreError
 from medload.progress import progress_bar
 from medload.storage import shard as sh
-from medload.storage.live import LiveRecords, ShardRecords, merge
+from medload.storage.availability import check_keys
+from medload.storage.live import LiveRecords, ShardRecords, lost_shard, merge
 from medload.storage.manifest import Manifest, file_digest, manifest_path, read_manifest, shard_path
 from medload.storage.records import SeriesRecord
 from medload.storage.verify_isolated import run_check
@@ -54,16 +56,14 @@ def verify_store(path: str | Path, *, deep: bool = False, sources: Sequence[Path
         return report
     report.shards = len(manifest.shards)
     readable, suspect = _check_files(root, manifest, report)
-    shards: list[ShardRecords] = []
-    for name in readable:
-        got = run_check(report, name in suspect, name, shard_records, root, name)
-        if got is not None:
-            shards.append(got)
+    shards = _read_records(root, manifest, readable, suspect, report)
     live = merge(shards)
     _check_records(live, report)
     report.series, report.labels = len(live.series), len(live.labels)
     with progress_bar("verify", len(live.series), enabled=progress) as advance:
         for s in shards:
+            if s.name in report.unreadable:
+                continue
             mine, plans = _plans(s, manifest, live, report)
             isolated = s.name in suspect
             named = {key for _, key in s.broken} | {key for _, key, earlier, _ in live.duplicates if earlier == s.name}
@@ -74,10 +74,45 @@ def verify_store(path: str | Path, *, deep: bool = False, sources: Sequence[Path
             for key, n in sorted((reclaimable or {}).items()):
                 why = f"superseded copy in shard {s.name}, {n} bytes reclaimable (a later shard replaced it)"
                 report.notes.append(Damage("series", key.hex(), why, shard=s.name))
+    _name_lost_series(live, report)
     if deep:
         check_sources(manifest, live.series, sources, report, progress)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _read_records(root: Path, manifest: Manifest, readable: list[str], suspect: set[str],
+                  report: VerifyReport) -> list[ShardRecords]:
+    """The records of each listed shard, in manifest order; an unreadable shard, or one holding other records
+    than store.json lists, takes part by its listed keys (so its series are not taken from older copies)."""
+    got: dict[str, ShardRecords] = {}
+    for name in readable:
+        found = run_check(report, name in suspect, name, shard_records, root, name)
+        if found is None or name in report.unreadable:
+            continue
+        entry = next(e for e in manifest.shards if e.name == name)
+        try:
+            check_keys(entry, found)
+        except ShardUnavailableError as exc:
+            report.add_unreadable(name, f"{exc}; {RESTORE}")
+            continue
+        got[name] = found
+    listed = {e.name: e for e in manifest.shards}.values()
+    return [got.get(e.name) or lost_shard(e.name, e.keys) for e in listed]
+
+
+def _name_lost_series(live: LiveRecords, report: VerifyReport) -> None:
+    """Damage for each series (and label) whose live copy is in an unreadable shard, unless named already."""
+    unreadable = set(report.unreadable)
+    lost = dict(live.unavailable)
+    lost.update({("series", k): r.shard for k, r in live.series.items() if r.shard in unreadable})
+    lost.update({("label", k): r.shard for k, r in live.labels.items() if r.shard in unreadable})
+    named = {(d.kind, d.series) for d in report.damage}
+    for (kind, key), shard in sorted(lost.items()):
+        stored = key in live.series or ("series", key) in lost
+        if (kind, key.hex()) not in named:
+            report.add(kind, key.hex(), f"its live {kind} copy is in shard {shard}, which cannot be read: "
+                                        f"{reingest_hint(key.hex())}", series=key.hex() if stored else None, shard=shard)
 
 
 # ---- files -----------------------------------------------------------------------------------------
@@ -92,19 +127,19 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[
         if name in seen:
             report.add("manifest", name, "shard listed twice in store.json: remove one entry", shard=name)
         elif seen.add(name) or not data.is_file():
-            report.add("shard", name, f"{data} is missing: {RESTORE}", shard=name)
+            report.add_unreadable(name, f"{data} is missing: {RESTORE}")
         else:
             size = data.stat().st_size
             if size != entry.bytes:
-                report.add("shard", name, f"data.mdb has {size} bytes, store.json says {entry.bytes}: "
-                                          f"truncated or replaced; {RESTORE}", shard=name)
+                report.add_unreadable(name, f"data.mdb has {size} bytes, store.json says {entry.bytes}: truncated or "
+                                            f"replaced (readers do not open it); {RESTORE}")
                 suspect.add(name)
             elif file_digest(data) != entry.digest:
                 report.add("shard", name, "data.mdb differs from its xxh3-128 in store.json (bit rot, or an "
                                           f"edit of a published shard); {RESTORE}", shard=name)
                 report.changed.append(name)
                 suspect.add(name)
-            if _opens(name, data, size, report):
+            if _opens(name, data, report) and name not in report.unreadable:
                 readable.append(name)
     for sub, why in (("shards", "published but not in store.json (a writer died before updating it): the next "
                                 "`medload ingest` adds it"),
@@ -113,23 +148,22 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[
         for p in sorted((root / sub).glob("*.lmdb")) if (root / sub).is_dir() else ():
             if sub == "staging" or p.name[: -len(".lmdb")] not in seen:
                 report.notes.append(Damage("orphan", str(p.relative_to(root)), why))
+    for note in sorted((root / "retired").glob("*.json")) if (root / "retired").is_dir() else ():
+        report.notes.append(Damage("shard", str(note.relative_to(root)), "a shard `medload repair` took out of the "
+                                   "store (the note says why); kept, never read: delete it when no longer wanted"))
     return readable, suspect
 
 
-def _opens(name: str, data: Path, size: int, report: VerifyReport) -> bool:
+def _opens(name: str, data: Path, report: VerifyReport) -> bool:
     """Whether LMDB opens the shard and its file holds every page its meta page counts (only the meta
     pages are read: this is safe on any file). The handle is this process's one (see
     :func:`~medload.storage.shard.reader_env`): LMDB refuses a second one, e.g. next to an open Store."""
     try:
-        env = sh.reader_env(data.parent)
-    except (lmdb.Error, StoreError) as exc:
-        report.add("shard", name, f"LMDB cannot open it ({exc}): {RESTORE}", shard=name)
+        sh.reader_env(data.parent)
+    except ShardUnavailableError as exc:
+        report.add_unreadable(name, f"{exc}; not read: {RESTORE}")
         return False
-    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    if size < needed:
-        report.add("shard", name, f"data.mdb is truncated: {size} bytes, LMDB needs {needed}; not read: {RESTORE}",
-                   shard=name)
-    return size >= needed
+    return True
 
 
 # ---- records ---------------------------------------------------------------------------------------

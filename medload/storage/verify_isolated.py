@@ -49,7 +49,7 @@ def run_check(report: VerifyReport, isolated: bool, shard: str, fn: Callable, *a
         return result
     why = (f"killed the reader ({signal.Signals(-proc.returncode).name}): its B-tree points outside the file"
            if proc.returncode < 0 else f"failed: {proc.stderr.decode(errors='replace').strip().splitlines()[-1:]}")
-    report.add("shard", shard, f"checking its {fn.__name__.removeprefix('shard_')} {why}; {RESTORE}", shard=shard)
+    report.add_unreadable(shard, f"checking its {fn.__name__.removeprefix('shard_')} {why}; {RESTORE}")
     return None
 
 

@@ -42,7 +42,7 @@ def _guard(report: VerifyReport, shard: str, what: str, fn: Callable[[], None]) 
     try:
         fn()
     except lmdb.Error as exc:
-        report.add("shard", shard, f"LMDB error reading {what} ({exc}): the B-tree is damaged; {RESTORE}", shard=shard)
+        report.add_unreadable(shard, f"LMDB error reading {what} ({exc}): the B-tree is damaged; {RESTORE}")
 
 
 # ---- records ---------------------------------------------------------------------------------------
@@ -56,7 +56,7 @@ def shard_records(report: VerifyReport, root: Path, name: str) -> ShardRecords:
         nonlocal out
         with env.begin() as txn:
             if sh.SERIES not in sh.open_dbs(env, [sh.SERIES], create=False, txn=txn):
-                report.add("shard", name, f"has no `series` sub-database; {RESTORE}", shard=name)
+                report.add_unreadable(name, f"has no `series` sub-database; {RESTORE}")
         out = read_shard(env, name, check=_check_record)
 
     _guard(report, name, "records", read)
@@ -92,7 +92,7 @@ def shard_values(report: VerifyReport, root: Path, name: str, plans: list[tuple[
                               advance if db_name == sh.SLICES else None)
                 pass_.run(txn.cursor(db=dbs[db_name]))
             elif expect:
-                report.add("shard", name, f"sub-database {db_name.decode()} is missing; {RESTORE}", shard=name)
+                report.add_unreadable(name, f"sub-database {db_name.decode()} is missing; {RESTORE}")
 
     for db_name, expect in plans:
         _guard(report, name, db_name.decode(), lambda: scan(db_name, expect))  # noqa: B023 -- called at once

@@ -16,11 +16,17 @@ Crash safety comes from five rules:
 5. A series is written once, unless it is *forced* (:meth:`StoreWriter.force`, ``ingest --force``):
    the new copy goes into the staging shard with a ``replaced`` marker in the same transaction, and
    supersedes the earlier copy and its labels once published (see :mod:`medload.storage.live`).
+
+A shard that cannot be read does not stop a writer (see :mod:`medload.storage.availability`): its
+listed series count as stored (:attr:`StoreWriter.unavailable`), so only a forced ingest writes them
+again, and :meth:`StoreWriter.retire` moves it to ``retired/`` once they are (``medload repair``). A
+writer lists the keys of every shard it reads in ``store.json`` (format 3).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import secrets
@@ -28,7 +34,7 @@ import shutil
 import socket
 import time
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import lmdb
@@ -36,11 +42,13 @@ import lmdb
 from medload import __version__
 from medload.errors import ConfigError, StoreError, StoreLockedError
 from medload.storage import shard as sh
+from medload.storage.availability import read_shards
 from medload.storage.compact_journal import finish_interrupted
 from medload.storage.keys import match_key, slice_key
 from medload.storage.live import merge, read_shard
-from medload.storage.manifest import (Manifest, ShardEntry, file_digest, fsync_dir, read_manifest, shard_path,
-                                    staging_path, write_manifest)
+from medload.storage.manifest import (FORMAT_VERSION, Manifest, ShardEntry, backup_path, file_digest, fsync_dir,
+                                    manifest_path, read_manifest, retired_path, shard_path, staging_path,
+                                    write_file_atomic, write_manifest)
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 
 __all__ = ["StoreWriter", "SeriesTransaction"]
@@ -114,6 +122,8 @@ class StoreWriter:
             self.series_fingerprints: dict[bytes, str] = {}
             self.label_fingerprints: dict[bytes, str] = {}
             self.reject_keys: set[bytes] = set()
+            #: series whose live copy is in a shard that cannot be read -> that shard
+            self.unavailable: dict[bytes, str] = {}
             self._load_known()
             self._forced: set[bytes] = set()
             #: series replaced by this writer -> whether they lost stored labels (not written again yet)
@@ -152,7 +162,7 @@ class StoreWriter:
     def _open_or_create(self, codec: str, windows: tuple[str, ...], key_fingerprint: str) -> Manifest:
         for sub in ("shards", "staging"):
             (self.root / sub).mkdir(mode=0o700, exist_ok=True)
-        if not (self.root / "store.json").exists():
+        if not manifest_path(self.root).exists() and not backup_path(self.root).exists():
             manifest = Manifest(codec=codec, windows=tuple(windows), key_fingerprint=key_fingerprint,
                                 created_by=f"medload {__version__}")
             write_manifest(self.root, manifest)
@@ -180,7 +190,11 @@ class StoreWriter:
             name = path.name[: -len(".lmdb")]
             if name not in listed:
                 log.warning("shard %s was published but missing from store.json (crash); adding it", name)
-                self._add_to_manifest(name, path)
+                try:
+                    self._add_to_manifest(name, path)
+                except (StoreError, lmdb.Error) as exc:
+                    log.warning("shard %s cannot be read (%s): left out of store.json; `medload verify` notes it",
+                                name, exc)
         for path in sorted((self.root / "staging").glob("*.lmdb")):
             name = path.name[: -len(".lmdb")]
             env = sh.open_write_env(path, map_size=_MAP_HEADROOM)
@@ -196,19 +210,36 @@ class StoreWriter:
             self._publish_path(name, path)
 
     def _load_known(self) -> None:
-        """Fingerprints of the live series and labels (a record that does not parse counts as present, with
-        an empty fingerprint: only a forced ingest replaces it), and the keys of the quarantine records."""
-        envs = [(e.name, sh.reader_env(shard_path(self.root, e.name))) for e in self.manifest.shards]
-        live = merge(read_shard(env, name) for name, env in envs)
+        """Fingerprints of the live series and labels (a record that does not parse, or that is in a shard
+        that cannot be read, counts as present, with an empty fingerprint: only a forced ingest replaces
+        it), and the keys of the quarantine records. Lists the keys of shards that store.json lacks."""
+        shards, down = read_shards(self.root, self.manifest)
+        live = merge(shards)
         self.series_fingerprints.update({k: r.source_fingerprint for k, r in live.series.items()})
         self.label_fingerprints.update({k: r.source_fingerprint for k, r in live.labels.items()})
-        for kind, key in live.broken:
+        for kind, key in [*live.broken, *live.unavailable]:
             (self.series_fingerprints if kind == "series" else self.label_fingerprints)[key] = ""
-        for _, env in envs:
+        self.unavailable = {key: shard for (kind, key), shard in live.unavailable.items() if kind == "series"}
+        self._list_keys(shards, down)
+        for entry in self.manifest.shards:
+            if entry.name in down:
+                continue
+            env = sh.reader_env(shard_path(self.root, entry.name), entry.bytes)
             with env.begin() as txn:
                 dbs = sh.open_dbs(env, [sh.REJECTS], create=False, txn=txn)
                 if sh.REJECTS in dbs:
                     self.reject_keys.update(bytes(k) for k in txn.cursor(db=dbs[sh.REJECTS]).iternext(values=False))
+
+    def _list_keys(self, shards: list, down: dict[str, str]) -> None:
+        """Upgrade store.json to format 3: the keys of each shard it does not list them for and that reads."""
+        keys = {s.name: s.keys() for s in shards if s.name not in down}
+        entries = [e if e.keys is not None or e.name not in keys else replace(e, keys=keys[e.name])
+                   for e in self.manifest.shards]
+        if entries != self.manifest.shards or self.manifest.version != FORMAT_VERSION:
+            log.info("store.json of %s: format %d -> %d (the keys each shard holds)", self.root, self.manifest.version,
+                     FORMAT_VERSION)
+            self.manifest.shards = entries
+            write_manifest(self.root, self.manifest)
 
     def close(self) -> None:
         """Publish the current staging shard (if it holds anything) and release the lock."""
@@ -337,11 +368,39 @@ class StoreWriter:
         self.manifest.shards = shards
         write_manifest(self.root, self.manifest)
 
+    def retire(self, name: str, reason: str) -> Path:
+        """Take shard ``name``, which cannot be read and whose series are stored again in other shards, out
+        of the store, deleting nothing: a note saying why goes to ``retired/<name>.json``, what is left of
+        the shard to ``retired/<name>.lmdb``, then ``store.json`` drops it. Returns the note.
+
+        A crash in between leaves the shard listed and missing: the next repair retires it again, keeping
+        the first note."""
+        entry = next(e for e in self.manifest.shards if e.name == name)
+        source, target = shard_path(self.root, name), retired_path(self.root, name)
+        target.parent.mkdir(mode=0o700, exist_ok=True)
+        note = target.with_suffix(".json")
+        if not target.exists() or not note.exists():
+            doc = {"shard": name, "retired": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "by": f"medload {__version__} repair", "reason": reason, "store_json_entry": asdict(entry),
+                   "series": "stored again in other shards" if entry.keys else "not listed in store.json (format 2): "
+                             "every series of the sources that the store lacked was ingested",
+                   "files": "what was left of it is next to this note" if source.exists() else "none were left"}
+            write_file_atomic(note, (json.dumps(doc, indent=1) + "\n").encode())
+        if source.exists():
+            sh.close_reader_envs([source])
+            os.replace(source, target)
+            fsync_dir(target.parent)
+            fsync_dir(source.parent)
+        self.manifest.shards = [e for e in self.manifest.shards if e.name != name]
+        write_manifest(self.root, self.manifest)
+        log.warning("retired shard %s of %s to %s (see %s)", name, self.root, target, note)
+        return note
+
     def _add_to_manifest(self, name: str, path: Path) -> None:
-        n = _count(sh.reader_env(path), sh.SERIES)
+        keys = read_shard(sh.reader_env(path), name).keys()
         data = path / "data.mdb"
-        self.manifest.shards.append(ShardEntry(name=name, series=n, bytes=data.stat().st_size,
-                                               digest=file_digest(data)))
+        self.manifest.shards.append(ShardEntry(name=name, series=len(keys.series), bytes=data.stat().st_size,
+                                               digest=file_digest(data), keys=keys))
         write_manifest(self.root, self.manifest)
 
 
