@@ -51,7 +51,9 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     """Ingest DICOM files, folders and zip/tar archives into the store at ``store``.
 
     Bad inputs never stop the run: they are quarantined in the store's ``rejects`` with a reason, and
-    counted in the returned report. Re-running on the same sources adds nothing.
+    counted in the returned report. Re-running on the same sources adds nothing. A full disk stops it
+    with :class:`~medload.errors.DiskFullError` (its ``stage`` says where): the series committed until
+    then are kept, and the same call once there is space writes the rest.
 
     Labels: DICOM SEG and RTSTRUCT among the sources pair with the series they reference; ``labels``
     adds folders of masks or SEG/RTSTRUCT files, or mapping files (see :mod:`medload.ingest.labels`);
