@@ -15,6 +15,7 @@ __all__ = [
     "StoreLockedError",
     "SeriesNotFoundError",
     "ChecksumError",
+    "DiskFullError",
     "ManifestDamagedError",
     "ShardUnavailableError",
     "InputProblem",
@@ -67,6 +68,28 @@ class ManifestDamagedError(StoreFormatError):
 
 class ShardUnavailableError(StoreError):
     """A series lives in a shard that cannot be read (missing, truncated, damaged): ``medload repair``."""
+
+
+class DiskFullError(StoreError):
+    """A disk filled up (no space left, or a quota reached) while medload wrote to it.
+
+    What was committed before stays intact, and running the same command again once there is space
+    writes only what is missing (see :mod:`medload.storage.space`).
+
+    Attributes:
+        stage: what was being written: ``spool`` (archive members copied for reading), ``commit`` (a
+            series or quarantine records into the staging shard), ``publish`` (a shard into ``shards/``
+            and ``store.json``) or ``hot-shard copy``.
+        path: where the write failed.
+    """
+
+    def __init__(self, message: str, stage: str, path: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.path = path
+
+    def __reduce__(self):  # picklable (it crosses from a Dask task to the coordinator)
+        return type(self), (str(self), self.stage, self.path)
 
 
 class InputProblem(MedloadError):

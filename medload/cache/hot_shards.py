@@ -30,8 +30,9 @@ from pathlib import Path
 
 import xxhash
 
-from medload.errors import ChecksumError, ConfigError, MedloadError, StoreError
+from medload.errors import ChecksumError, ConfigError, DiskFullError, MedloadError, StoreError
 from medload.storage.manifest import ShardEntry, fsync_dir
+from medload.storage.space import disk_full_is_error
 
 __all__ = ["HotEntry", "HotStatus", "HotShards"]
 
@@ -42,6 +43,8 @@ _PARTIAL = ".mdb.partial"
 _EVICT_LOCK = ".evict.lock"
 _TOUCH_EVERY_S = 60.0
 _CHUNK = 8 << 20
+_HOT_ADVICE = ("free space on that disk, or lower the hot-shard budget (--hot-budget, or hot_budget in [cache]) to "
+               "what it can hold; meanwhile the shard is read from the store")
 
 
 @dataclass(frozen=True)
@@ -122,10 +125,11 @@ class HotShards:
         self.budget = budget
         self.max_rate = max_rate
         self._touched: dict[str, float] = {}
-        self._ensure_dirs()
-        with self._evict_lock():
-            for path in self.hot_dir.glob("*" + _PARTIAL):
-                self._remove_if_stale(path)
+        with self._full_disk("preparing the hot-shard directory"):
+            self._ensure_dirs()
+            with self._evict_lock():
+                for path in self.hot_dir.glob("*" + _PARTIAL):
+                    self._remove_if_stale(path)
 
     # ---- paths and locks ---------------------------------------------------------------------
     def _copy_path(self, name: str) -> Path:
@@ -138,6 +142,10 @@ class HotShards:
 
     def _lock_path(self, name: str) -> Path:
         return self.hot_dir / "locks" / (name + ".lock")
+
+    def _full_disk(self, doing: str):
+        """A full disk under the hot dir is one DiskFullError; the shards are read from the store meanwhile."""
+        return disk_full_is_error(self.hot_dir, "hot-shard copy", doing, _HOT_ADVICE)
 
     def _ensure_dirs(self) -> None:
         self.hot_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -218,16 +226,18 @@ class HotShards:
             log.info("shard %s (%d bytes) is larger than the hot-shard budget (%d bytes) of %s: it is read from the "
                      "store; raise the budget to cache it", shard.name, shard.bytes, self.budget, self.hot_dir)
             return None
-        self._ensure_dirs()
-        fd = self._lock(self._lock_path(shard.name), block=False)
+        with self._full_disk(f"copying shard {shard.name}"):
+            self._ensure_dirs()
+            fd = self._lock(self._lock_path(shard.name), block=False)
         if fd is None:
             log.debug("shard %s is being copied by another thread or process", shard.name)
             return None
         try:
             if (path := self.path_of(shard)) is not None:
                 return path
-            if not self._copy(Path(source), shard):
-                return None
+            with self._full_disk(f"copying shard {shard.name} ({shard.bytes / 1e6:.1f} MB)"):
+                if not self._copy(Path(source), shard):
+                    return None
         finally:
             _close_lock(fd)
         with self._evict_lock():
@@ -402,9 +412,6 @@ def _reserve(fd: int, size: int) -> None:
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            raise StoreError(f"no space left for a {size}-byte shard copy in the hot-shard directory: lower the "
-                             f"budget or free space on that disk") from None
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise
         os.ftruncate(fd, size)
@@ -419,6 +426,7 @@ class _Background:
     def reset(self) -> None:
         """Forget the (parent's) thread and queue without touching them."""
         self.pid, self.lock, self.pending = os.getpid(), threading.Lock(), set()
+        self.full: set[Path] = set()  # hot dirs whose full disk was reported
         self.queue: queue.SimpleQueue | None = None
 
     def submit(self, hot: HotShards, source: Path, shard: ShardEntry) -> None:
@@ -431,16 +439,22 @@ class _Background:
             self.pending.add(key)
             if self.queue is None:
                 self.queue = queue.SimpleQueue()
-                threading.Thread(target=self._run, args=(self.queue, self.pending, self.lock), daemon=True,
+                threading.Thread(target=self._run, args=(self.queue, self.pending, self.full, self.lock), daemon=True,
                                  name="medload-hot-shards").start()
             self.queue.put((hot, source, shard, key))
 
     @staticmethod
-    def _run(jobs: queue.SimpleQueue, pending: set, lock: threading.Lock) -> None:
+    def _run(jobs: queue.SimpleQueue, pending: set, full: set, lock: threading.Lock) -> None:
         while True:
             hot, source, shard, key = jobs.get()
             try:
                 hot.fetch(source, shard)
+            except DiskFullError as exc:  # said once per hot dir: the loader retries every few seconds
+                with lock:
+                    first = hot.hot_dir not in full
+                    full.add(hot.hot_dir)
+                log.log(logging.WARNING if first else logging.DEBUG, "background copy of shard %s failed: %s",
+                        shard.name, exc)
             except MedloadError as exc:
                 log.warning("background copy of shard %s failed: %s", shard.name, exc)
             except Exception:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -15,10 +16,10 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from medload.allocator import keep_large_buffers_in_heap
+from medload.cli.failures import report
 from medload.config import load_config, parse_size
-from medload.errors import MedloadError
 
-__all__ = ["cli", "main", "console", "err_console", "short", "size", "read_config", "renamed"]
+__all__ = ["cli", "main", "console", "err_console", "short", "size", "read_config", "renamed", "Device", "Suffix"]
 
 # Not a terminal (a pipe, a log file): wide enough that tables and messages do not wrap.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -33,6 +34,43 @@ def short(key: str) -> str:
 def size(value: str | None) -> int | None:
     """Bytes from a size option such as ``4GB``, or None when the option was not given."""
     return None if value is None else parse_size(value)
+
+
+class Device(click.ParamType):
+    """A torch device this machine has: ``cpu``, ``cuda`` or ``cuda:N`` (kept as text)."""
+
+    name = "device"
+
+    def convert(self, value, param, ctx):
+        import torch
+
+        try:
+            device = torch.device(value)
+        except (RuntimeError, ValueError):
+            self.fail(f"{value!r} is not a torch device: give cpu, cuda or cuda:N", param, ctx)
+        if device.type == "cuda":
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if count == 0:
+                self.fail(f"{value!r}: torch sees no CUDA device here: give cpu, or install a CUDA build of torch",
+                          param, ctx)
+            if device.index is not None and device.index >= count:
+                self.fail(f"{value!r}: this machine has {count} CUDA device(s): give cuda:0 to cuda:{count - 1}",
+                          param, ctx)
+        return str(value)
+
+
+class Suffix(click.Path):
+    """A file path to write whose name ends with one of ``suffixes`` (``.nii``, ``.png``...)."""
+
+    def __init__(self, *suffixes: str) -> None:
+        super().__init__(dir_okay=False, path_type=Path)
+        self.suffixes = suffixes
+
+    def convert(self, value, param, ctx):
+        path = super().convert(value, param, ctx)
+        if not str(path).lower().endswith(self.suffixes):
+            self.fail(f"{value}: the file name must end with {' or '.join(self.suffixes)}", param, ctx)
+        return path
 
 
 def _warn(message: str) -> None:
@@ -71,29 +109,41 @@ def renamed(old: str, new: str):
     return decorate
 
 
+class _Run:
+    """How this run reports an error (set from the group's options)."""
+
+    show_traceback = False
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug); an error shows its traceback.")
+@click.option("--debug", is_flag=True, help="Debug log output, and the traceback of an error (as -vv).")
 @click.option("--config", "config_file", type=click.Path(exists=True, path_type=Path), default=None,
               help="TOML settings ([ingest], [cache]); command-line flags override them.")
 @click.pass_context
-def cli(ctx: click.Context, verbose: int, config_file: Path | None) -> None:
-    """medload: CT/DICOM archives to an LMDB slice store for PyTorch/MONAI training."""
+def cli(ctx: click.Context, verbose: int, debug: bool, config_file: Path | None) -> None:
+    """medload: CT/DICOM archives to an LMDB slice store for PyTorch/MONAI training.
+
+    An error ends a command with one line (what went wrong, what to do) and exit code 2 (70: a bug);
+    -v or --debug adds its traceback.
+    """
+    verbose = 2 if debug else verbose
+    _Run.show_traceback = verbose > 0
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     logging.basicConfig(level=level, format="%(message)s", handlers=[RichHandler(console=err_console, show_path=False)])
     ctx.obj = read_config(config_file)
 
 
 def main() -> None:
-    """Entry point of the ``medload`` console script."""
+    """Entry point of the ``medload`` console script: every error ends it as :mod:`medload.cli.failures` says."""
     keep_large_buffers_in_heap()  # our own process: slice-sized buffers are reused, not mapped anew each time
     try:
         cli(standalone_mode=False)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except MedloadError as exc:
-        err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
-        sys.exit(2)
+    except SystemExit:
+        raise
+    except BrokenPipeError:  # the reader of our output went away (`medload ls STORE | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except BaseException as exc:  # noqa: BLE001 -- the one place every error of a command ends up
+        sys.exit(report(exc, err_console, show_traceback=_Run.show_traceback))
 

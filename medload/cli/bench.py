@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from medload.cli.app import cli
+from medload.cli.app import Device, cli
 
 
 @cli.command()
@@ -24,7 +24,7 @@ from medload.cli.app import cli
               help="Series of 128 slices in the scale section's store (default 100: 3 GB, 12x the L1).")
 @click.option("--scale-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the scale section's data here (about 0.3 GB per series) and reuse them next time.")
-@click.option("--device", default="cpu", show_default=True, help="Where loading batches land: cpu, cuda, cuda:1...")
+@click.option("--device", type=Device(), default="cpu", show_default=True, help="Where loading batches land: cpu, cuda, cuda:1...")
 @click.option("--readme", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the results as markdown tables (command, date, machine) to this file.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")

@@ -10,7 +10,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from medload.cli.app import cli, console, short
+from medload.cli.app import Suffix, cli, console, short
 
 
 @cli.command()
@@ -81,7 +81,7 @@ def ls_(store: Path, as_json: bool) -> None:
 @cli.command()
 @click.argument("store", type=click.Path(exists=True, path_type=Path))
 @click.argument("key")
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("out", type=Suffix(".nii", ".nii.gz"))
 @click.option("--label", is_flag=True, help="Export the series' label map instead of its image.")
 def export(store: Path, key: str, out: Path, label: bool) -> None:
     """Write series KEY (a unique key prefix is enough) of STORE as NIfTI to OUT (.nii or .nii.gz)."""
@@ -117,7 +117,7 @@ def rejects(store: Path, as_json: bool, include_skipped: bool) -> None:
 @cli.command()
 @click.argument("store", type=click.Path(exists=True, path_type=Path))
 @click.argument("key")
-@click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="PNG file to write.")
+@click.option("-o", "--out", type=Suffix(".png"), required=True, help="PNG file to write.")
 @click.option("--z", type=int, default=None, help="Slice index (default: the middle slice).")
 @click.option("--window", default="soft_tissue", show_default=True,
               help="Window preset (brain, soft_tissue, lung, liver, bone) or WIDTH/LEVEL such as 350/50.")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from medload.cli.app import cli, console, read_config, renamed
+from medload.cli.app import Device, cli, console, read_config, renamed
 from medload.config import MedloadConfig
 
 
@@ -29,7 +29,7 @@ def _workers(value: str) -> int | str:
 @click.option("--steps", type=int, default=20, show_default=True, help="Training steps to time.")
 @click.option("--window", default="soft_tissue", show_default=True, help="Window preset or WIDTH/LEVEL.")
 @click.option("--context", type=int, default=1, show_default=True, help="2.5D neighbour slices on each side.")
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1...")
+@click.option("--device", type=Device(), default="cpu", show_default=True, help="cpu, cuda, cuda:1...")
 @click.option("--model", type=click.Choice(["small", "full", "none"]), default="small", show_default=True,
               help="The pipeline's UNet (small: --quick's widths) or none (the loader alone).")
 @click.option("--augment", is_flag=True, help="Add BatchAugment on the device, as training does.")

@@ -29,6 +29,7 @@ from typing import BinaryIO, cast
 from collections.abc import Callable, Iterator
 
 from medload.errors import ConfigError
+from medload.storage.space import disk_full_is_error, out_of_space
 
 __all__ = ["SourceRef", "DiscoveryProblem", "ArchiveLimits", "Spool", "archive_kind", "scan_archive",
            "describe", "is_junk", "HEAD_BYTES", "READ_ERRORS"]
@@ -113,6 +114,11 @@ class Spool:
         self._folder = folder
         self._ready = False
         self._count = 0
+
+    @property
+    def where(self) -> str:
+        """The spool folder, or the temporary folder it will be created in."""
+        return str(self._folder) if self._folder is not None else tempfile.gettempdir()
 
     def create(self, member: str) -> tuple[int, str]:
         """A new 0600 file for ``member``: its descriptor and path."""
@@ -391,15 +397,17 @@ def _spool_member(path: str, archive: tarfile.TarFile, member: tarfile.TarInfo, 
     reason = _nested(chunk)
     if reason:
         return DiscoveryProblem(path, member.name, reason, skipped=True)
+    full_disk = partial(disk_full_is_error, spool.where, "spool", f"spooling {path}!{member.name}")
     try:
-        fd, spooled = spool.create(member.name)
+        with full_disk():
+            fd, spooled = spool.create(member.name)
     except OSError as exc:
         raise _Rejected(f"cannot create a spool file: {describe(exc)}") from exc
     size = 0
     try:
-        with open(fd, "wb") as out:
+        with full_disk(), open(fd, "wb") as out:  # closing flushes too: a full disk can show there
             while chunk:
-                _spool_write(out, chunk)
+                _spool_write(out, chunk, spool.where)
                 size += len(chunk)
                 check_ratio()
                 chunk = data.read(_CHUNK)
@@ -409,10 +417,13 @@ def _spool_member(path: str, archive: tarfile.TarFile, member: tarfile.TarInfo, 
     return SourceRef(spooled, None, size, origin=f"{path}!{member.name}")
 
 
-def _spool_write(out: BinaryIO, chunk: bytes) -> None:
-    """Write to a spool file; a failure there (disk full) is not damage in the archive."""
+def _spool_write(out: BinaryIO, chunk: bytes, where: str) -> None:
+    """Write to a spool file in ``where``. A full disk is raised as is, to stop the run (see the caller): it is
+    not the archive's fault, and every later member would fail the same way; any other failure rejects the archive."""
     try:
         out.write(chunk)
         out.flush()
     except OSError as exc:
+        if out_of_space(exc, where):
+            raise
         raise _Rejected(f"cannot write a spool file: {describe(exc)}") from exc

@@ -14,7 +14,8 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from medload.ingest.stages import SeriesPlan, decode_and_write, header_pass
 from medload.ingest.worker import init_worker
 from medload.storage.codec import get_codec
 from medload.storage.records import RejectRecord
+from medload.storage.space import disk_full_is_error
 from medload.storage.store import open_store
 from medload.storage.writer import StoreWriter
 
@@ -49,7 +51,9 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     """Ingest DICOM files, folders and zip/tar archives into the store at ``store``.
 
     Bad inputs never stop the run: they are quarantined in the store's ``rejects`` with a reason, and
-    counted in the returned report. Re-running on the same sources adds nothing.
+    counted in the returned report. Re-running on the same sources adds nothing. A full disk stops it
+    with :class:`~medload.errors.DiskFullError` (its ``stage`` says where): the series committed until
+    then are kept, and the same call once there is space writes the rest.
 
     Labels: DICOM SEG and RTSTRUCT among the sources pair with the series they reference; ``labels``
     adds folders of masks or SEG/RTSTRUCT files, or mapping files (see :mod:`medload.ingest.labels`);
@@ -86,14 +90,13 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     key = load_key(key_file)
     pseudo = Pseudonymizer(key)
     report = IngestReport(store=str(store))
-    with _engine(scheduler, cfg, key, Path(store)) as engine, StoreWriter(
-            Path(store), codec=cfg.codec, windows=cfg.windows, key_fingerprint=pseudo.fingerprint,
-            shard_bytes=cfg.shard_bytes) as writer:
+    with _engine(scheduler, cfg, key, Path(store)) as engine, _writer(Path(store), cfg, pseudo) as writer:
         forced = set(writer.force(force))
         staging = writer.root / "staging"
         for old in staging.glob("spool-*"):
             shutil.rmtree(old, ignore_errors=True)
-        spool = Path(tempfile.mkdtemp(prefix="spool-", dir=staging))
+        with disk_full_is_error(staging, "spool", "creating the spool folder for archive members"):
+            spool = Path(tempfile.mkdtemp(prefix="spool-", dir=staging))
         try:
             label_inputs, label_files = [], []
             for path in labels:
@@ -111,15 +114,30 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
                 assigner = LabelAssigner(label_inputs, candidates, stored, writer, pseudo, roi_map,
                                          get_codec(writer.manifest.codec), report)
             engine.write(plans, writer, report, progress, assigner)
-            if assigner is not None:
-                assigner.write_stored()
-            writer.put_rejects(report.rejects)
+            with disk_full_is_error(writer.root, "commit", "writing labels and quarantine records"):
+                if assigner is not None:
+                    assigner.write_stored()
+                writer.put_rejects(report.rejects)
         finally:
             shutil.rmtree(spool, ignore_errors=True)
     report.mark_replaced(writer.replaced)
     report.seconds = time.perf_counter() - started
     log.info("ingest of %d files took %.1f s (%.0f files/s)", report.files, report.seconds, report.files_per_second)
     return report
+
+
+@contextmanager
+def _writer(root: Path, cfg: IngestConfig, pseudo: Pseudonymizer) -> Iterator[StoreWriter]:
+    """The store's writer; closing it publishes what was committed, also when the run stops on an error."""
+    with disk_full_is_error(root, "publish", "opening the store for writing (store.json, and publishing what an "
+                                             "interrupted ingest left)"):
+        writer = StoreWriter(root, codec=cfg.codec, windows=cfg.windows, key_fingerprint=pseudo.fingerprint,
+                             shard_bytes=cfg.shard_bytes)
+    try:
+        yield writer
+    finally:
+        with disk_full_is_error(root, "publish", "publishing the staging shard"):
+            writer.close()
 
 
 class _LocalEngine:

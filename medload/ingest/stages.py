@@ -31,6 +31,7 @@ from medload.labels.grid import SeriesGrid
 from medload.progress import progress_bar
 from medload.storage.digest import series_digest
 from medload.storage.records import RejectRecord, SeriesRecord
+from medload.storage.space import disk_full_is_error
 from medload.storage.task_shard import TaskShardWriter
 from medload.storage.writer import SeriesTransaction, StoreWriter
 
@@ -146,17 +147,24 @@ def decode_and_write(pool: IsolatedPool, writer: StoreWriter | TaskShardWriter, 
                         current = None
                     _reject(report, plan, result)
                     continue
-                if current is None or current.plan is not plan:
-                    current = _SeriesInProgress(plan, writer.begin_series(plan.cand.key, _estimate(plan, cfg)))
-                _put(current, result, ring)
-                if chunk.z0 + len(chunk.slots) == len(plan.geom.slots):
-                    _finish_series(current, cfg, labels, report)
-                    current = None
+                with _disk_full_is_error(writer, plan):
+                    if current is None or current.plan is not plan:
+                        current = _SeriesInProgress(plan, writer.begin_series(plan.cand.key, _estimate(plan, cfg)))
+                    _put(current, result, ring)
+                    if chunk.z0 + len(chunk.slots) == len(plan.geom.slots):
+                        _finish_series(current, cfg, labels, report)
+                        current = None
     finally:
         if current is not None:
             current.txn.abort()
         if ring is not None:
             ring.close()
+
+
+def _disk_full_is_error(writer: StoreWriter | TaskShardWriter, plan: SeriesPlan):
+    """A full disk while a series is written is one DiskFullError naming it (its transaction is rolled back)."""
+    where = writer.root if isinstance(writer, StoreWriter) else writer.path
+    return disk_full_is_error(where, "commit", f"writing series {plan.cand.key.hex()[:12]} into a staging shard")
 
 
 def _reject(report: IngestReport, plan: SeriesPlan, failure: Failure) -> None:

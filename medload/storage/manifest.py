@@ -166,12 +166,14 @@ def read_manifest(root: Path) -> Manifest:
 def write_file_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically and durably; the file is owner-only (0600)."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
+            out.write(data)  # all of it, or an error (a bare os.write stops short on a full disk)
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

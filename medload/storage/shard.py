@@ -15,11 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import os
+import shutil
 import threading
 
 import lmdb
 
 from medload.errors import ShardUnavailableError
+from medload.storage.space import allocate_lock_file
 from medload.storage.value_reads import forget
 
 __all__ = ["SLICES", "LABELS", "LABEL_SERIES", "SERIES", "REJECTS", "REPLACED", "INDEXES", "window_db", "open_write_env",
@@ -45,12 +47,19 @@ def window_db(name: str) -> bytes:
 
 def open_write_env(path: Path, map_size: int) -> lmdb.Environment:
     """Open (creating if needed) the environment of a shard being written; owner-only permissions;
-    every commit synced to disk."""
+    every commit synced to disk. A new environment that cannot be created (a full disk) leaves nothing."""
+    created = not path.exists()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return lmdb.open(
-        str(path), map_size=map_size, max_dbs=_MAX_DBS, subdir=True, sync=True, metasync=True,
-        readahead=False, mode=0o600,
-    )
+    try:
+        allocate_lock_file(path)  # a full disk: ENOSPC now, not SIGBUS when LMDB touches its mapped lock file
+        return lmdb.open(
+            str(path), map_size=map_size, max_dbs=_MAX_DBS, subdir=True, sync=True, metasync=True,
+            readahead=False, mode=0o600,
+        )
+    except BaseException:
+        if created:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def open_read_env(path: Path, expected_bytes: int | None = None) -> lmdb.Environment:

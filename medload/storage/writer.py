@@ -50,6 +50,7 @@ from medload.storage.manifest import (FORMAT_VERSION, Manifest, ShardEntry, back
                                     manifest_path, read_manifest, retired_path, shard_path, staging_path,
                                     write_file_atomic, write_manifest)
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
+from medload.storage.space import disk_full_is_error
 
 __all__ = ["StoreWriter", "SeriesTransaction"]
 
@@ -242,9 +243,13 @@ class StoreWriter:
             write_manifest(self.root, self.manifest)
 
     def close(self) -> None:
-        """Publish the current staging shard (if it holds anything) and release the lock."""
+        """Publish the current staging shard (if it holds anything: else remove it) and release the lock."""
         try:
-            if self._env is not None:
+            if self._env is not None and _count(self._env, sh.SERIES, sh.LABEL_SERIES, sh.REJECTS) == 0:
+                self._env.close()  # e.g. the one series begun did not fit on the disk
+                self._env, self._dbs = None, {}
+                shutil.rmtree(staging_path(self.root, self._staging_name))
+            elif self._env is not None:
                 self._publish_current()
         finally:
             self._release_lock()
@@ -325,11 +330,12 @@ class StoreWriter:
         self._publish_path(name, staging_path(self.root, name))
 
     def _publish_path(self, name: str, path: Path) -> None:
-        (path / "lock.mdb").unlink(missing_ok=True)
-        target = shard_path(self.root, name)
-        os.replace(path, target)
-        fsync_dir(target.parent)
-        self._add_to_manifest(name, target)
+        with disk_full_is_error(self.root, "publish", f"publishing shard {name}"):
+            (path / "lock.mdb").unlink(missing_ok=True)
+            target = shard_path(self.root, name)
+            os.replace(path, target)
+            fsync_dir(target.parent)
+            self._add_to_manifest(name, target)
         log.info("published shard %s", name)
 
     def adopt(self, path: Path) -> dict[bytes, SeriesRecord]:
