@@ -7,21 +7,24 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 STORE ?= stores/sample
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+# setuptools warns on every editable install that a folder named like the package may shadow it: that
+# folder is the package itself here, so the warning says nothing to a user of this Makefile
+PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip
 
 .PHONY: demo test apt-deps clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	$(BIN)/pip install --quiet -e .
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+	$(PIP) install --quiet -e .  # the core install: ingest, store, training input (extras: docs/getting-started.md)
 	touch $@
 
 $(BIN)/.dev-installed: $(BIN)/.installed pyproject.toml
-	$(BIN)/pip install --quiet -e ".[dev]" "$(TORCH_SPEC)"  # the torch above: nnunetv2 must not replace it
+	$(PIP) install --quiet -e ".[dev]" "$(TORCH_SPEC)"  # the torch above: nnunetv2 must not replace it
 	@# nnunetv2 pulls torchvision (through timm); a build that does not match the installed torch fails to
 	@# load and breaks MONAI's optional import of it. Nothing of ours needs torchvision: drop one that cannot load.
-	@$(BIN)/python -c "import torchvision" 2>/dev/null || $(BIN)/pip uninstall --quiet -y torchvision
+	@$(BIN)/python -c "import torchvision" 2>/dev/null || $(PIP) uninstall --quiet -y torchvision
 	touch $@
 
 # System packages the tests use: dcm2niix (reference converter, the geometry oracle); orthanc and

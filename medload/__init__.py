@@ -10,7 +10,13 @@ Examples:
     ((3, 512, 512), dtype('int16'))
 """
 
-__version__ = "0.1.0"  # defined before the imports below: the store writer records it
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _installed_version
+
+try:  # defined before the imports below: the store writer records it
+    __version__ = _installed_version("medload")
+except PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 
 from medload import viz, windows  # noqa: E402  (viz loads matplotlib only when it draws)
 from medload.config import IngestConfig  # noqa: E402

@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from medload.errors import ConfigError, MedloadError
-
-try:
-    import lightning
-except ImportError as exc:
-    raise MedloadError("medload.lightning needs PyTorch Lightning: pip install medload[lightning]") from exc
 
 from medload.data import (AugmentConfig, BatchAugment, DistributedPatientSampler, ForegroundSampler,
                           SeriesGroupedSampler, SlabDataset, SliceDataset, UniformSampler, make_loader)
 from medload.data.splits import PatientSplit, split_patients
+from medload.errors import ConfigError
+from medload.extras import require
 from medload.storage.store import Store, open_store
+
+require("lightning", "lightning", "medload.lightning (a LightningDataModule)")
+import lightning  # noqa: E402
 
 __all__ = ["PatientSplit", "split_patients", "StoreDataModule"]
 

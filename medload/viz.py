@@ -25,6 +25,7 @@ import numpy as np
 
 from medload import windows as win
 from medload.errors import ConfigError
+from medload.extras import require
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -44,8 +45,13 @@ def _numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def _need_matplotlib() -> None:
+    require("matplotlib", "viz", "Drawing with medload.viz")
+
+
 def _class_colour(class_id: int) -> tuple[float, float, float]:
     """The RGB (0..1) of a label class: colour ``class_id - 1`` of matplotlib's ``tab10``, cycling."""
+    _need_matplotlib()
     from matplotlib import colormaps
 
     colours = colormaps["tab10"].colors
@@ -126,6 +132,7 @@ def write_png(store: Store, key: str, out: str | Path, z: int | None = None, *, 
         >>> write_png(store, key, "slice.png", z=10, window="lung", label=True)   # doctest: +SKIP
         PosixPath('slice.png')
     """
+    _need_matplotlib()
     from matplotlib.image import imsave
 
     rec = store.record(key)
@@ -141,12 +148,14 @@ def write_png(store: Store, key: str, out: str | Path, z: int | None = None, *, 
 def _axes(ax: Axes | None, figsize: tuple[float, float] = (6, 6)) -> Axes:
     if ax is not None:
         return ax
+    _need_matplotlib()
     import matplotlib.pyplot as plt
 
     return plt.subplots(figsize=figsize)[1]
 
 
 def _legend(ax: Axes, store: Store, key: str) -> None:
+    _need_matplotlib()
     from matplotlib.patches import Patch
 
     classes = store.labels(key).classes
@@ -209,6 +218,7 @@ def show_sample(sample: Mapping, window="soft_tissue", *, alpha: float = 0.4, ax
         else:
             raise ConfigError(f"label has {label.shape[0]} slices for an image of {n}: give (1, H, W) or ({n}, H, W)")
     if axes is None:
+        _need_matplotlib()
         import matplotlib.pyplot as plt
 
         axes = plt.subplots(1, n, figsize=(3 * n, 3.2), squeeze=False)[1][0]

@@ -118,6 +118,7 @@ class _Run:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug); an error shows its traceback.")
 @click.option("--debug", is_flag=True, help="Debug log output, and the traceback of an error (as -vv).")
+@click.version_option(package_name="medload", message="medload %(version)s")
 @click.option("--config", "config_file", type=click.Path(exists=True, path_type=Path), default=None,
               help="TOML settings ([ingest], [cache]); command-line flags override them.")
 @click.pass_context

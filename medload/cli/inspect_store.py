@@ -125,6 +125,9 @@ def rejects(store: Path, as_json: bool, include_skipped: bool) -> None:
 @click.option("--montage", type=int, default=None, metavar="N", help="N slices spread over the series in a grid.")
 def view(store: Path, key: str, out: Path, z: int | None, window: str, label: bool, montage: int | None) -> None:
     """Write slice Z of series KEY of STORE as a PNG in a window, one pixel per voxel (no display needed)."""
+    from medload.extras import require
+
+    require("matplotlib", "viz", "medload view")
     import matplotlib
 
     matplotlib.use("Agg")  # headless: never open a window

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 from medload.errors import ConfigError
+from medload.extras import require_all
 
 __all__ = ["connect", "parse_scheduler", "local_cluster", "slurm_cluster", "check_workers_see"]
 
@@ -59,6 +60,7 @@ def parse_scheduler(text: str) -> tuple[str, str | int | None]:
 def connect(scheduler: str, default_workers: int) -> Iterator[object]:
     """A ``distributed.Client`` for ``scheduler`` whose workers may start decoding processes; a cluster
     started here is closed on exit."""
+    require_all("dask", "--scheduler (ingest on a Dask cluster)")
     from distributed import Client
 
     kind, arg = parse_scheduler(scheduler)
@@ -96,6 +98,7 @@ def local_cluster(workers: int) -> Iterator[object]:
         >>> with local_cluster(2) as cluster:                                    # doctest: +SKIP
         ...     ingest("dicom/", "stores/ct", scheduler=cluster.scheduler_address)
     """
+    require_all("dask", "A local Dask cluster")
     import dask
     from distributed import LocalCluster
 
@@ -111,10 +114,8 @@ def local_cluster(workers: int) -> Iterator[object]:
 def slurm_cluster():
     """dask-jobqueue's SLURMCluster, set up from the ``jobqueue.slurm`` Dask configuration, whose job script
     starts workers that may start decoding processes (no jobs submitted yet: ``scale(jobs=N)`` does)."""
-    try:
-        from dask_jobqueue import SLURMCluster
-    except ImportError:
-        raise ConfigError("--scheduler slurm needs dask-jobqueue: pip install 'medload[slurm]'") from None
+    require_all("slurm", "--scheduler slurm")
+    from dask_jobqueue import SLURMCluster
     try:
         return SLURMCluster(job_script_prologue=["export DASK_DISTRIBUTED__WORKER__DAEMON=False"])
     except ValueError as exc:

@@ -53,18 +53,21 @@ from pydicom.uid import (
     RLELossless,
     UID,
 )
-from pynetdicom import AE, build_context, build_role, evt
-from pynetdicom.association import Association
-from pynetdicom.pdu_primitives import SOPClassExtendedNegotiation
-from pynetdicom.sop_class import StudyRootQueryRetrieveInformationModelFind as FIND_MODEL
-from pynetdicom.sop_class import StudyRootQueryRetrieveInformationModelGet as GET_MODEL
-from pynetdicom.status import QR_GET_SERVICE_CLASS_STATUS, code_to_category
 
 from medload import __version__
 from medload.errors import ConfigError, InputProblem, RemoteSourceError, StoreError
+from medload.extras import require
 from medload.pacs.dicomweb import (  # one UID rule and one choice of instances for both protocols
     _UID, RETRIEVED_SOP_CLASSES, InstanceRef, SeriesRef, retrievable)
 from medload.pacs.endpoint import DimseEndpoint, check_ae_title
+
+require("pynetdicom", "pacs", "A dimse:// PACS (C-FIND, C-GET, C-STORE)")
+from pynetdicom import AE, build_context, build_role, evt  # noqa: E402
+from pynetdicom.association import Association  # noqa: E402
+from pynetdicom.pdu_primitives import SOPClassExtendedNegotiation  # noqa: E402
+from pynetdicom.sop_class import StudyRootQueryRetrieveInformationModelFind as FIND_MODEL  # noqa: E402
+from pynetdicom.sop_class import StudyRootQueryRetrieveInformationModelGet as GET_MODEL  # noqa: E402
+from pynetdicom.status import QR_GET_SERVICE_CLASS_STATUS, code_to_category  # noqa: E402
 
 if TYPE_CHECKING:
     from medload.pacs.ingest import Spool

@@ -44,7 +44,6 @@ from medload.ingest.deid import Pseudonymizer, load_key
 from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.run import ingest
 from medload.pacs.dicomweb import DicomWebClient, InstanceRef, RetryPolicy, SeriesRef, parse_query
-from medload.pacs.dimse import DimseClient
 from medload.pacs.endpoint import check_ae_title, load_credentials, parse_dimse_endpoint, parse_endpoint, tls_context
 from medload.progress import progress_bar
 from medload.storage.records import RejectRecord
@@ -117,6 +116,8 @@ def ingest_dimse(url: str, store: str | Path, *, query: str = "", calling_aet: s
         >>> report = ingest_dimse("dimse://PACS@pacs.example.org:104", "stores/ct",
         ...                       query="Modality=CT&StudyDate=20150101-20151231")  # doctest: +SKIP
     """
+    from medload.pacs.dimse import DimseClient  # pynetdicom: the [pacs] extra
+
     endpoint = parse_dimse_endpoint(url)
     search = parse_query(query)
     calling = check_ae_title(calling_aet, "--calling-aet")

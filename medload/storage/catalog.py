@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from medload.extras import require
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -36,6 +38,7 @@ COLUMNS = ("key", "patient", "study", "modality", "body_part", "manufacturer", "
 
 def catalog(store: Store) -> pd.DataFrame:
     """One row per series of ``store`` (see :data:`COLUMNS`), sorted by key."""
+    require("pandas", "viz", "Store.catalog() (a pandas DataFrame)")
     import pandas as pd
 
     rows = []

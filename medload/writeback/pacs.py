@@ -17,20 +17,21 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx
 from pydicom import Dataset
 from pydicom.filebase import DicomBytesIO
-from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian
-from pynetdicom import build_context
-from pynetdicom.status import code_to_category
 
 from medload.errors import ConfigError, RemoteSourceError
 from medload.pacs.dicomweb import _TRANSIENT, DicomWebClient, InstanceRef, SeriesRef, _describe, _Transient
-from medload.pacs.dimse import DimseClient
 from medload.pacs.endpoint import (is_dicomweb_url, is_dimse_url, load_credentials, parse_dimse_endpoint,
                                    parse_endpoint, tls_context)
 from medload.pacs.ingest import RetrieveOptions, _Wado
+
+import httpx  # noqa: I001  (after medload.pacs.dicomweb, which names the [dicomweb] extra when it is missing)
+
+if TYPE_CHECKING:
+    from medload.pacs.dimse import DimseClient
 
 __all__ = ["PacsConnection", "connect"]
 
@@ -89,7 +90,9 @@ def connect(url: str, *, credentials: str | Path | None = None, ca_bundle: str |
         if credentials is not None or ca_bundle is not None:
             raise ConfigError("--credentials and --ca-bundle apply to dicomweb:// PACS: a DIMSE PACS authorises medload "
                               "by its AE title (--calling-aet) and host")
-        dimse = _StoreClient(parse_dimse_endpoint(url), calling_aet=calling_aet, timeout=timeout)
+        from medload.writeback.dimse_store import DimseStoreClient  # pynetdicom: the [pacs] extra
+
+        dimse = DimseStoreClient(parse_dimse_endpoint(url), calling_aet=calling_aet, timeout=timeout)
         return PacsConnection(dimse.base, dimse, dimse.retrieve, dimse.store)
     if not is_dicomweb_url(url):
         raise ConfigError(f"{url!r} is not a PACS: write dicomweb://HOST:PORT/PATH (dicomwebs:// for TLS) or "
@@ -161,36 +164,3 @@ def _items(doc: dict, tag: str) -> list[dict]:
 def _values(doc: dict, tag: str) -> list:
     attr = doc.get(tag)
     return attr.get("Value", []) if isinstance(attr, dict) else []
-
-
-class _StoreClient(DimseClient):
-    """The DIMSE client with C-STORE, on an association of its own (the query/retrieve association proposes
-    storage with the SCP role only, for C-GET)."""
-
-    def store(self, datasets: list[Dataset]) -> None:
-        self.close()
-        contexts = [build_context(sop, [ExplicitVRLittleEndian, ImplicitVRLittleEndian])
-                    for sop in sorted({str(ds.SOPClassUID) for ds in datasets})]
-        assoc = self._ae.associate(self.endpoint.host, self.endpoint.port, contexts, ae_title=self.endpoint.called_aet)
-        if not assoc.is_established:
-            raise self._rejected(assoc.acceptor.primitive) if assoc.is_rejected else self._unreachable()
-        try:
-            for n, ds in enumerate(datasets):
-                status = assoc.send_c_store(ds)
-                code = status.get("Status") if status is not None else None
-                if code is None:
-                    raise RemoteSourceError(f"{self.base} ended the association during a C-STORE, or answered "
-                                            f"nothing within {self.timeout:g} s ({n} of {len(datasets)} instance(s) "
-                                            "stored): check that the PACS accepts storage from AE title "
-                                            f"{self.calling_aet}, and its log")
-                category = code_to_category(code)
-                if category not in ("Success", "Warning"):
-                    raise RemoteSourceError(f"{self.base} refused a C-STORE (status 0x{code:04X}, {category}; {n} of "
-                                            f"{len(datasets)} instance(s) stored): check that the PACS lets AE title "
-                                            f"{self.calling_aet} store and accepts the SOP class, and its log")
-        except ValueError as exc:  # pynetdicom: no accepted presentation context for the dataset
-            raise RemoteSourceError(f"{self.base} accepted no presentation context to store the instance ({exc}): "
-                                    "check that the PACS accepts Segmentation Storage") from None
-        finally:
-            if assoc.is_established:
-                assoc.release()

@@ -1,0 +1,58 @@
+"""Optional features and the pip extras that install them.
+
+A core install (``pip install medload``) ingests files, keeps the store and feeds training. Everything else
+is an extra, named in ``pyproject.toml``'s ``[project.optional-dependencies]``; a feature whose extra is
+missing raises :class:`MissingExtraError`, which names the extra to install.
+
+Examples:
+    >>> from medload.extras import EXTRAS, require
+    >>> EXTRAS["viz"]
+    ('pandas', 'matplotlib')
+    >>> require("no_such_module", "viz", "Plots")
+    Traceback (most recent call last):
+    ...
+    medload.extras.MissingExtraError: Plots needs no_such_module, which is not installed: pip install 'medload[viz]' (or 'medload[all]')
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from medload.errors import MedloadError
+
+__all__ = ["EXTRAS", "MissingExtraError", "require", "require_all"]
+
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "dicomweb": ("httpx",),
+    "pacs": ("pynetdicom",),
+    "dask": ("dask", "distributed"),
+    "slurm": ("dask", "distributed", "dask_jobqueue"),
+    "viz": ("pandas", "matplotlib"),
+    "lightning": ("lightning",),
+    "bench": ("zarr", "h5py", "pandas", "matplotlib", "dask", "distributed"),
+    "nnunet": ("nnunetv2",),
+}
+"""The modules each extra brings, by import name (``pyproject.toml`` holds their distribution names)."""
+
+
+class MissingExtraError(MedloadError, ImportError):
+    """A feature needs an optional dependency this install lacks; the message names the pip extra."""
+
+
+def require(module: str, extra: str, feature: str) -> ModuleType:
+    """Import ``module``, or raise :class:`MissingExtraError` saying that ``feature`` needs
+    ``pip install 'medload[extra]'``. An import error *inside* an installed module is not hidden."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or module.split(".")[0] != exc.name.split(".")[0]:
+            raise
+        raise MissingExtraError(f"{feature} needs {exc.name}, which is not installed: "
+                                f"pip install 'medload[{extra}]' (or 'medload[all]')") from exc
+
+
+def require_all(extra: str, feature: str) -> None:
+    """:func:`require` every module of ``extra`` (see :data:`EXTRAS`)."""
+    for module in EXTRAS[extra]:
+        require(module, extra, feature)
