@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 
 import nibabel as nib
 import numpy as np
@@ -19,6 +20,10 @@ from medload.synthetic import SeriesSpec, make_series
 from medload.synthetic.stacks import SHARED_POSITION_KINDS, make_shared_positions
 
 TIMED = {"fmri", "perfusion", "cardiac"}
+try:  # the PyPI build of dcm2niix (the dev extra): newer than Debian's, it splits Enhanced 4-D objects
+    from dcm2niix import bin as DCM2NIIX_RECENT
+except ImportError:
+    DCM2NIIX_RECENT = "dcm2niix"
 CLASSIC = ("swi", "dwi", "fmri", "perfusion")
 
 
@@ -50,25 +55,20 @@ def _canonical(path) -> tuple[list[np.ndarray], np.ndarray]:
     return ([data] if data.ndim == 3 else [data[..., i] for i in range(data.shape[3])]), img.affine
 
 
-def _dcm2niix(src, out) -> list:
+def _dcm2niix(src, out, binary: str = "dcm2niix") -> list:
     out.mkdir()
-    subprocess.run(["dcm2niix", "-z", "n", "-b", "n", "-o", str(out), str(src)], check=True, capture_output=True,
+    subprocess.run([binary, "-z", "n", "-b", "n", "-o", str(out), str(src)], check=True, capture_output=True,
                    timeout=60)
     return sorted(out.glob("*.nii"))
 
 
-@pytest.mark.parametrize("kind", CLASSIC)
-def test_splits_of_single_frame_series_are_the_volumes_dcm2niix_makes(tmp_path, run_ingest, kind):
-    """dcm2niix splits these into separate files (magnitude, ``_ph``) or the volumes of one 4-D file
-    (diffusion, time): each of its volumes is one of ours, voxel for voxel, with our affine."""
-    make_shared_positions(tmp_path / "src", kind, seed=4)
-    _, store = run_ingest(tmp_path / "src")
+def _each_reference_volume_is_one_of_ours(tmp_path, store, binary: str) -> None:
     ours = {}
     for rec in store.series():
         (volume,), affine = _canonical(export_nifti(store, rec.key, tmp_path / f"{rec.split}.nii"))
         ours[rec.split] = (volume, affine)
     matched = []
-    for path in _dcm2niix(tmp_path / "src", tmp_path / "ref"):
+    for path in _dcm2niix(tmp_path / "src", tmp_path / "ref", binary):
         volumes, affine = _canonical(path)
         for volume in volumes:
             hits = [label for label, (v, a) in ours.items()
@@ -78,17 +78,35 @@ def test_splits_of_single_frame_series_are_the_volumes_dcm2niix_makes(tmp_path, 
     assert sorted(matched) == sorted(ours)
 
 
-@pytest.mark.parametrize("kind", sorted(set(SHARED_POSITION_KINDS) - set(CLASSIC)))
-def test_splits_of_enhanced_objects_hold_the_slices_dcm2niix_finds(tmp_path, run_ingest, kind):
-    """dcm2niix (1.0.20220720) stacks the frames of these Enhanced objects into one volume of N x D slices
-    in position order: every slice of it is a slice of one of our volumes, on the same in-plane grid."""
+@pytest.mark.parametrize("kind", CLASSIC)
+def test_splits_of_single_frame_series_are_the_volumes_dcm2niix_makes(tmp_path, run_ingest, kind):
+    """dcm2niix splits these into separate files (magnitude, ``_ph``) or the volumes of one 4-D file
+    (diffusion, time): each of its volumes is one of ours, voxel for voxel, with our affine."""
+    make_shared_positions(tmp_path / "src", kind, seed=4)
+    _, store = run_ingest(tmp_path / "src")
+    _each_reference_volume_is_one_of_ours(tmp_path, store, "dcm2niix")
+
+
+def test_the_time_points_of_an_enhanced_4d_ct_are_the_volumes_dcm2niix_makes(tmp_path, run_ingest):
+    """A recent dcm2niix (PyPI's build; Debian's 1.0.20220720 stacks every frame into one volume) writes
+    the cardiac phases of an Enhanced CT as one 4-D file: each of its volumes is one of ours."""
+    make_shared_positions(tmp_path / "src", "cardiac", seed=5)
+    _, store = run_ingest(tmp_path / "src")
+    _each_reference_volume_is_one_of_ours(tmp_path, store, DCM2NIIX_RECENT)
+
+
+@pytest.mark.parametrize("kind", ["b0map", "echo"])
+def test_splits_of_enhanced_mr_hold_the_slices_dcm2niix_finds(tmp_path, run_ingest, kind):
+    """dcm2niix (Debian's and PyPI's 1.0.20260724 alike) stacks the frames of these Enhanced MR objects, whose
+    stacks differ by frame type or echo, into one volume of N x D slices in position order: every slice of it
+    is a slice of one of our volumes, on the same in-plane grid."""
     made = make_shared_positions(tmp_path / "src", kind, seed=5)
     _, store = run_ingest(tmp_path / "src")
     ours = []
     for rec in store.series():
         (volume,), affine = _canonical(export_nifti(store, rec.key, tmp_path / f"{rec.split}.nii"))
         ours += [volume[..., k] for k in range(volume.shape[2])]
-    (path,) = _dcm2niix(tmp_path / "src", tmp_path / "ref")
+    (path,) = _dcm2niix(tmp_path / "src", tmp_path / "ref", DCM2NIIX_RECENT)
     (theirs,), their_affine = _canonical(path)
     assert theirs.shape[2] == len(ours) == len(made.stacks) * made.stacks[next(iter(made.stacks))].hu.shape[0]
     np.testing.assert_allclose(their_affine[:3, :2], affine[:3, :2], atol=1e-4)
@@ -157,3 +175,43 @@ def test_cli_time_series_reject(tmp_path):
                           env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr
     assert "1 rejected" in proc.stdout and "time series of 4 points" in proc.stdout.replace("\n", " ")
+
+
+def test_a_perfusion_crossing_midnight_is_ordered_by_acquisition_date_and_time(tmp_path, run_ingest):
+    """Time points 23:59:59, 00:00:00.5 and 00:00:02 of the next day: the time of day alone would put the
+    first last."""
+    made = make_shared_positions(tmp_path / "src", "perfusion", seed=6)
+    clocks = [("20240301", "235959.000000"), ("20240302", "000000.500000"), ("20240302", "000002.000000")]
+    for path in (tmp_path / "src").glob("*.dcm"):
+        ds = pydicom.dcmread(path)
+        stack = int(path.stem.split("_")[-2])
+        ds.AcquisitionDate, time = clocks[stack]
+        ds.AcquisitionTime = time[:-3] + f"{int(path.stem.split('_')[-1]):03d}"  # slices a millisecond apart
+        ds.save_as(path)
+    report, store = run_ingest(tmp_path / "src")
+    assert report.counts["ingested"] == 3
+    for rec in store.series():
+        assert np.array_equal(store.read(rec.key), made.stacks[rec.split].hu), rec.split
+
+
+@pytest.mark.parametrize(("keyword", "values", "expected"), [
+    ("AcquisitionTime", {"AcquisitionDate": "20240102", "AcquisitionTime": "000001.5"}, 738_887 * 86_400 + 1.5),
+    ("AcquisitionTime", {"AcquisitionTime": "101010"}, 36_610.0),  # no date: seconds of the day
+    ("AcquisitionTime", {"AcquisitionDateTime": "20240102000001"}, 738_887 * 86_400 + 1),
+    ("FrameAcquisitionDateTime", {"FrameAcquisitionDateTime": "20240102000001.25+0100"},
+     738_887 * 86_400 + 1.25 - 3600),
+    ("FrameAcquisitionDateTime", {"FrameAcquisitionDateTime": "20240230120000"}, None),  # no such day
+    ("AcquisitionTime", {"AcquisitionTime": "1"}, None),
+])
+def test_acquisition_clocks_count_seconds_from_one_date(keyword, values, expected):
+    from pydicom import Dataset
+
+    from medload.ingest.planes import _clock_seconds
+
+    ds = Dataset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pydicom warns of the malformed values on purpose here
+        for name, value in values.items():
+            setattr(ds, name, value)
+        got = _clock_seconds(ds, keyword)
+    assert (got == "") if expected is None else float(got) == pytest.approx(expected)

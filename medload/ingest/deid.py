@@ -26,9 +26,10 @@ PixelSpacing, pixel data                              ``orientation``, ``spacing
 ImageType/FrameType, ComplexImageComponent,           which stack of a series a volume is (``split``,
 EchoTime/EffectiveEchoTime, DiffusionBValue,          ``time_series``, ``time_point``): a name such
 DiffusionGradientOrientation, TemporalPosition-       as ``phase``, ``echo_2`` or ``t_07``, never the
-Identifier/Index, TriggerTime, AcquisitionNumber,     values; AcquisitionTime and
-AcquisitionTime, FrameAcquisitionDateTime             FrameAcquisitionDateTime are read as a time of
-                                                      day only, to order time points, and not kept
+Identifier/Index, TriggerTime, AcquisitionNumber,     values; AcquisitionDate/Time,
+AcquisitionDate, AcquisitionTime,                     AcquisitionDateTime and
+AcquisitionDateTime, FrameAcquisitionDateTime         FrameAcquisitionDateTime are read in memory
+                                                      only, to order time points, and not kept
 PatientName, PatientBirthDate, PatientSex/Age,        never read, never stored
 AccessionNumber, every other date and time,
 Institution*,

@@ -98,7 +98,7 @@ class SliceHeader:
     frame_type: tuple[str, ...] = ()  # FrameType + ComplexImageComponent of an Enhanced frame
     echo_time: str = ""               # EffectiveEchoTime / EchoTime as written
     diffusion: str = ""               # "b-value|gradient direction" ("" when neither is present)
-    times: tuple[str, ...] = ()       # values of planes.TIME_ATTRIBUTES ("" absent; clock times as s of day)
+    times: tuple[str, ...] = ()       # values of planes.TIME_ATTRIBUTES ("" absent; clock times as seconds from 0001-01-01, or of the day)
     modality_lut: tuple[int, bytes] | None = None  # Modality LUT Sequence: (first mapped value, uint16 entries)
 
     @property

@@ -15,6 +15,9 @@ are the last fallback.
 
 from __future__ import annotations
 
+import re
+from datetime import date
+
 from pydicom.dataset import Dataset
 
 from medload.errors import InputProblem
@@ -29,7 +32,7 @@ TIME_ATTRIBUTES = (
     ("FrameAcquisitionNumber", "AcquisitionNumber"),
     ("FrameAcquisitionDateTime", "AcquisitionTime"),
 )
-_CLOCKS = {"FrameAcquisitionDateTime": True, "AcquisitionTime": False}  # keyword -> is a DT (else a TM)
+_CLOCKS = ("FrameAcquisitionDateTime", "AcquisitionTime")  # read as seconds by _clock_seconds
 
 _FRAME_TYPE = (("MRImageFrameTypeSequence",), ("CTImageFrameTypeSequence",), ("PETFrameTypeSequence",))
 _CONTENT = (("FrameContentSequence",),)
@@ -77,13 +80,45 @@ def plane_fields(ds: Dataset) -> dict:
     )
 
 
-def _time_of_day(value: str, is_datetime: bool) -> str:
-    """Seconds since midnight of a TM (HHMMSS.FFFFFF) or of the time part of a DT (YYYYMMDDHHMMSS.FFFFFF
-    with an optional &ZZXX offset): orders time points without the date, which is never kept (see
-    :mod:`medload.ingest.deid`). "" when malformed."""
-    if is_datetime:
-        value = (value[:-5] if len(value) > 5 and value[-5] in "+-" else value)[8:]
-    whole, _, fraction = value.partition(".")
+def _clock_seconds(ds: Dataset, keyword: str) -> str:
+    """Seconds from 0001-01-01 of an acquisition clock, to order time points across midnight: the DT
+    FrameAcquisitionDateTime (0018,9074) of a frame with its UTC offset applied; for a classic image
+    AcquisitionTime (0008,0032) with AcquisitionDate (0008,0022) (seconds of the day where the date is
+    absent), else AcquisitionDateTime (0008,002A). The date is read here only and never kept (see
+    :mod:`medload.ingest.deid`). "" when absent or malformed."""
+    if keyword == "AcquisitionTime":
+        time_of_day = _tm_seconds(tags.text(ds, "AcquisitionTime") or "")
+        if not time_of_day:
+            return _datetime_seconds(tags.text(ds, "AcquisitionDateTime") or "")
+        day = _DT.fullmatch(tags.text(ds, "AcquisitionDate") or "")
+        if day is None or not day.group(3):
+            return time_of_day
+        return _datetime_seconds(day.group(1) + day.group(2) + day.group(3) + time_of_day.replace(".", "s.", 1))
+    return _datetime_seconds(tags.text(ds, keyword) or "")
+
+
+#: DT (PS3.5 Table 6.2-1): YYYY[MM[DD[HH[MM[SS[.F{1-6}]]]]]][&ZZXX]; an "s" marks seconds of day (internal)
+_DT = re.compile(r"(\d{4})(\d{2})?(\d{2})?(?:(\d{2})(\d{2})?(\d{2})?|(\d+)s)?(\.\d{1,6})?([+-]\d{4})?")
+
+
+def _datetime_seconds(value: str) -> str:
+    m = _DT.fullmatch(value.strip())
+    if m is None:
+        return ""
+    year, month, day, hh, mm, ss, of_day, fraction, offset = m.groups()
+    try:
+        days = date(int(year), int(month or 1), int(day or 1)).toordinal()
+    except ValueError:
+        return ""
+    seconds = int(of_day) if of_day else int(hh or 0) * 3600 + int(mm or 0) * 60 + int(ss or 0)
+    if offset:
+        seconds -= (1 if offset[0] == "+" else -1) * (int(offset[1:3]) * 3600 + int(offset[3:5]) * 60)
+    return f"{days * 86400 + seconds}{fraction or ''}"
+
+
+def _tm_seconds(value: str) -> str:
+    """Seconds of the day of a TM (HH[MM[SS[.F{1-6}]]]); "" when malformed."""
+    whole, _, fraction = value.strip().partition(".")
     if not whole.isdigit() or len(whole) not in (2, 4, 6) or not (fraction or "0").isdigit():
         return ""
     hh, mm, ss = int(whole[0:2]), int(whole[2:4] or 0), int(whole[4:6] or 0)
@@ -98,10 +133,7 @@ def stack_fields(ds: Dataset) -> dict:
     times = []
     for per_frame, classic in TIME_ATTRIBUTES:
         keyword = per_frame if per_frame in ds else classic
-        value = tags.text(ds, keyword) or ""
-        if value and keyword in _CLOCKS:
-            value = _time_of_day(value, _CLOCKS[keyword])
-        times.append(value)
+        times.append(_clock_seconds(ds, keyword) if keyword in _CLOCKS else tags.text(ds, keyword) or "")
     b_value = tags.text(ds, "DiffusionBValue") or ""
     direction = tags.text(ds, "DiffusionGradientOrientation") or ""
     return dict(

@@ -128,6 +128,10 @@ def _merge_enhanced(parts: list[Path], kind: str, out: Path) -> Path:
                                            DimensionIndexPointer=Tag(pointer), FunctionalGroupPointer=Tag(group)))
     ds.PerFrameFunctionalGroupsSequence = per_frame
     ds.NumberOfFrames = len(per_frame)
+    # as scanners write it: without it a reader may take the spacing from the first and last of all frames
+    first, second = (f.PlanePositionSequence[0].ImagePositionPatient for f in datasets[0].PerFrameFunctionalGroupsSequence[:2])
+    measures = ds.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0]
+    measures.SpacingBetweenSlices = f"{float(np.linalg.norm(np.subtract(second, first))):g}"
     ds.PixelData = b"".join(part.PixelData for part in datasets)
     if kind in ("b0map", "echo"):
         ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = EnhancedMRImageStorage
