@@ -188,7 +188,8 @@ class CacheConfig:
         if self.fetch not in ("background", "never"):
             raise ConfigError(f"fetch {self.fetch!r}: use 'background' or 'never'")
         if self.hot_dir is not None and self.hot_budget <= 0:
-            raise ConfigError("a hot directory needs a budget: set hot_budget (e.g. \"50GB\")")
+            raise ConfigError("a hot directory needs a budget: give --hot-budget on the command line, or hot_budget in "
+                              "the [cache] table of the config file (e.g. \"50GB\")")
 
 
 @dataclass(frozen=True)

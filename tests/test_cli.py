@@ -100,3 +100,27 @@ def test_every_command_has_help():
         assert path[0] in listing
         result = CliRunner().invoke(cli, [*path, "--help"])
         assert result.exit_code == 0 and "Usage" in result.output and cli.commands[path[0]].help, path
+
+
+def test_the_summary_counts_secondary_captures_as_skipped_files_and_rejects_hints_all(store, tmp_path):
+    proc = medload("ingest", PHILIPS / "dicom", tmp_path / "s", "--no-progress")
+    summary = " ".join(proc.stdout.split())
+    assert "skipped 6 file(s): Secondary Capture" in summary
+    assert "files: 6 skipped, 0 rejected" in summary and "quarantined" not in summary
+    out = " ".join(medload("rejects", store).stdout.split())
+    assert "1 rejected input(s); 7 skipped" in out and "--all lists them too" in out
+    assert "skipped (" not in " ".join(medload("rejects", store, "--all").stdout.split())
+
+
+def test_cache_status_needs_no_budget(store, tmp_path):
+    proc = medload("cache", "status", store, "--hot-dir", tmp_path / "hot")
+    out = " ".join(proc.stdout.split())
+    assert "0.0 MB used" in out and "0 of 1 shard(s)" in out
+    budgeted = " ".join(medload("cache", "status", "--hot-dir", tmp_path / "hot", "--hot-budget", "1GB").stdout.split())
+    assert "of 1000.0 MB used" in budgeted
+
+
+def test_help_keeps_environment_variable_names_whole():
+    text = medload("ingest", "--help").stdout
+    for name in ("MEDLOAD_DICOMWEB_USER", "MEDLOAD_DICOMWEB_PASSWORD", "MEDLOAD_DICOMWEB_TOKEN", "MEDLOAD_KEY_FILE"):
+        assert name in text, name

@@ -41,6 +41,8 @@ def env(tmp_path_factory):
     (root / "badjson" / "store.json").write_text('{"format": "medl')
     (root / "bad.toml").write_text("not toml at all")
     (root / "other.key").write_text("ff" * 32 + "\n")
+    (root / "notes").mkdir()
+    (root / "notes" / "todo.txt").write_text("someone's folder")
     key = open_store(root / "store").series()[0].key
     return SimpleNamespace(root=root, src=root / "src", store=root / "store", file=root / "file", key=key,
                            empty=root / "empty", badjson=root / "badjson")
@@ -49,6 +51,11 @@ def env(tmp_path_factory):
 CASES = {
     "not a store": (lambda e: ["info", e.empty], "not a medload store"),
     "damaged store.json": (lambda e: ["ls", e.badjson], "the store manifest is damaged"),
+    "store is a file": (lambda e: ["ingest", e.src, e.file, "--no-progress"], "is a file, not a folder"),
+    "swapped arguments": (lambda e: ["ingest", e.store, e.src, "--no-progress"], "swapped arguments?"),
+    "store in someone's folder": (lambda e: ["ingest", e.src, e.root / "notes", "--no-progress"],
+                                  "is not a medload store and is not empty (it holds todo.txt)"),
+    "verify a non-store": (lambda e: ["verify", e.empty], "not a medload store"),
     "store under a file": (lambda e: ["ingest", e.src, e.file / "store", "--no-progress"], "a part of it is a file"),
     "other key": (lambda e: ["ingest", e.src, e.store, "--key-file", e.root / "other.key", "--no-progress"],
                   "pass the store's key with --key-file"),
@@ -79,6 +86,15 @@ def test_an_error_is_one_line_saying_what_to_do(env, case):
     assert proc.returncode == ERROR, proc.stderr
     assert len(lines) == 1 and lines[0].startswith("error: ") and advice in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_refused_stores_leave_the_folders_as_they_were(env):
+    """The swapped ingest and the store in someone's folder write nothing into them."""
+    for folder in (env.src, env.root / "notes"):
+        before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+        target = (env.store, env.src) if folder == env.src else (env.src, folder)
+        assert medload("ingest", *target, "--no-progress").returncode == ERROR
+        assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
 
 
 def test_a_second_writer_is_refused_in_one_line(env):

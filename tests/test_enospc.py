@@ -150,7 +150,7 @@ def test_disk_full_while_spooling_an_archive_stops_the_run_and_quarantines_nothi
     assert not list((store / "staging").iterdir())  # the spool is gone
     filler.unlink()
     proc = ingest_cli(archive, store)
-    assert "2 ingested, 0 already present" in proc.stdout and "0 file(s) quarantined" in proc.stdout
+    assert "series: 2 ingested, 0 already present" in proc.stdout and "files: 0 skipped, 0 rejected" in proc.stdout
     assert len(assert_intact(store, sources / "reference")) == 3
     assert open_store(store).rejects(include_skipped=True) == []
 

@@ -19,7 +19,11 @@ def cache() -> None:
     """The hot-shard directory on local SSD (L2): copy shards there, see what it holds, empty it."""
 
 
-def _hot_config(config: MedloadConfig, hot_dir: Path | None, hot_budget: str | None, max_rate: str | None):
+def _hot_config(config: MedloadConfig, hot_dir: Path | None, hot_budget: str | None, max_rate: str | None, *,
+                need_budget: bool = True):
+    budgeted = hot_budget is not None or config.cache.hot_budget > 0
+    if not need_budget and not budgeted:
+        hot_budget = "1"  # looking at or clearing the directory needs no budget: a placeholder the config accepts
     cfg = with_overrides(config.cache, hot_dir=hot_dir, hot_budget=size(hot_budget), max_rate=size(max_rate))
     if cfg.hot_dir is None:
         raise click.UsageError("give --hot-dir (or hot_dir in the [cache] table of --config)")
@@ -103,10 +107,12 @@ def status(config: MedloadConfig, store: Path | None, hot_dir: Path | None, hot_
     from medload.cache.hot_shards import HotShards
     from medload.storage.store import open_store
 
-    cfg = _hot_config(config, hot_dir, hot_budget, None)
+    cfg = _hot_config(config, hot_dir, hot_budget, None, need_budget=False)
     state = HotShards(cfg.hot_dir, cfg.hot_budget).status()
     mine = {s.name for s in open_store(store).manifest.shards} if store else set()
-    table = Table(title=f"{state.hot_dir}: {state.used / 1e6:.1f} of {state.budget / 1e6:.1f} MB used")
+    budgeted = hot_budget is not None or config.cache.hot_budget > 0
+    of = f"of {state.budget / 1e6:.1f} MB " if budgeted else ""
+    table = Table(title=f"{state.hot_dir}: {state.used / 1e6:.1f} MB {of}used")
     for col in ("shard", "MB", "last used", *(["in STORE"] if store else [])):
         table.add_column(col)
     for e in state.entries:
@@ -127,6 +133,6 @@ def clear(config: MedloadConfig, hot_dir: Path | None, hot_budget: str | None) -
     """Remove every copy from the hot directory (copies in progress elsewhere are left alone)."""
     from medload.cache.hot_shards import HotShards
 
-    cfg = _hot_config(config, hot_dir, hot_budget or "1", None)
+    cfg = _hot_config(config, hot_dir, hot_budget, None, need_budget=False)
     freed = HotShards(cfg.hot_dir, cfg.hot_budget).clear()
     console.print(f"freed {freed / 1e6:.1f} MB in {cfg.hot_dir}")

@@ -72,7 +72,7 @@ class _Source(click.Path):
                    "trusted network only.")
 @click.option("--credentials", type=click.Path(path_type=Path), default=None,
               help="dicomweb:// source: file (mode 0600) holding user:password or a bearer token; else the "
-                   "MEDLOAD_DICOMWEB_USER/MEDLOAD_DICOMWEB_PASSWORD or MEDLOAD_DICOMWEB_TOKEN variables.")
+                   "MEDLOAD_DICOMWEB_USER and MEDLOAD_DICOMWEB_PASSWORD, or MEDLOAD_DICOMWEB_TOKEN, variables.")
 @click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="dicomwebs:// source: PEM certificates of the CA that signed the server's (verification is always on).")
 @click.option("--connections", type=int, default=None, help="dicomweb:// source: instances retrieved at once (default 8).")
@@ -94,6 +94,7 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
     C-GET, no inbound port needed; plain DIMSE is unencrypted)."""
     from medload.ingest.run import ingest as run_ingest
 
+    _refuse_swapped(sources, store)
     cfg = with_overrides(config.ingest, workers=workers, codec=codec, tilt_policy=tilt_policy,
                          windows=windows,  # "lung,soft_tissue": IngestConfig splits it
                          shard_bytes=size(shard_bytes), worker_memory=size(worker_memory),
@@ -114,6 +115,41 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
                             labels=label_paths, roi_map=_read_roi_map(roi_map), force=force_keys, scheduler=scheduler)
     _print_ingest_summary(report)
     sys.exit(report.exit_code(cfg.strict))
+
+
+def _refuse_swapped(sources: tuple[Path | str, ...], store: Path) -> None:
+    """A STORE that is not a store but holds DICOM, with a store among the SOURCES: the arguments are swapped."""
+    from medload.storage.manifest import manifest_path
+
+    if not store.is_dir() or manifest_path(store).exists():
+        return
+    dicom = _a_dicom_file(store)
+    if dicom is None:
+        return  # StoreWriter refuses any other non-empty folder, naming what it holds
+    stores = [s for s in sources if isinstance(s, Path) and manifest_path(s).exists()]
+    swapped = f"; SOURCES {stores[0]} is a medload store: swapped arguments?" if stores else ""
+    raise click.UsageError(f"STORE {store} looks like a DICOM folder ({dicom} is DICOM), not a store{swapped} "
+                           "The store is the last argument: medload ingest SOURCES... STORE")
+
+
+def _a_dicom_file(folder: Path, limit: int = 200) -> Path | None:
+    """A file under ``folder`` with the DICOM Part 10 preamble ("DICM" at byte 128), looking at most ``limit`` files."""
+    import os
+
+    seen = 0
+    for top, _, names in os.walk(folder):
+        for name in names:
+            path = Path(top) / name
+            try:
+                with open(path, "rb") as f:
+                    if f.read(132)[128:] == b"DICM":
+                        return path
+            except OSError:
+                pass
+            seen += 1
+            if seen >= limit:
+                return None
+    return None
 
 
 def _ingest_remote(sources, store, cfg, key_file, progress, unsupported, *, query, credentials, ca_bundle,
@@ -171,12 +207,13 @@ def _print_ingest_summary(report) -> None:
         console.print(f"  label {outcome.status}: {outcome.source} ({outcome.kind}) -> {where}: {detail}")
     c = report.counts
     console.print(
-        f"[bold]{c['ingested']} ingested, {c['present']} already present, {c['skipped']} skipped, "
+        f"[bold]series: {c['ingested']} ingested, {c['present']} already present, {c['skipped']} skipped, "
         f"{c['rejected']} rejected[/bold]"
         + (f", {c['replaced']} replaced" if c["replaced"] else "")
         + (f", [red]{c['not_found']} forced series not found among the sources[/red]" if c["not_found"] else "")
         + (f", {c['conflict']} in conflict" if c["conflict"] else "")
         + (f", [red]{c['failed']} failed (run the ingest again to retry them)[/red]" if c["failed"] else "")
-        + f"; {len(files)} file(s) quarantined; {report.files} files, {report.bytes / 1e6:.1f} MB in "
+        + f"; files: {sum(r.status == 'skipped' for r in files)} skipped, {sum(r.status == 'rejected' for r in files)} "
+        f"rejected (`medload rejects STORE --all` lists them); {report.files} files, {report.bytes / 1e6:.1f} MB in "
         f"{report.seconds:.1f} s ({report.files_per_second:.0f} files/s, {report.megabytes_per_second:.0f} MB/s)"
     )

@@ -34,7 +34,7 @@ def _segment(ctx, param, values: tuple[str, ...]) -> dict[int, str] | None:
                                           "C-FIND), e.g. 'StudyDate=20150101-20151231'.")
 @click.option("--credentials", type=click.Path(path_type=Path), default=None,
               help="dicomweb://: file (mode 0600) holding user:password or a bearer token; else the "
-                   "MEDLOAD_DICOMWEB_USER/MEDLOAD_DICOMWEB_PASSWORD or MEDLOAD_DICOMWEB_TOKEN variables.")
+                   "MEDLOAD_DICOMWEB_USER and MEDLOAD_DICOMWEB_PASSWORD, or MEDLOAD_DICOMWEB_TOKEN, variables.")
 @click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="dicomwebs://: PEM certificates of the CA that signed the server's.")
 @click.option("--calling-aet", default="MEDLOAD", show_default=True,

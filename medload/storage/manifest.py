@@ -27,7 +27,7 @@ from pathlib import Path
 
 import xxhash
 
-from medload.errors import ManifestDamagedError, StoreFormatError
+from medload.errors import ManifestDamagedError, StoreError, StoreFormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry", "ShardKeys", "read_manifest",
            "write_manifest", "restore_manifest", "manifest_path", "backup_path", "shard_path", "staging_path",
@@ -130,6 +130,27 @@ def manifest_path(root: Path) -> Path:
 def backup_path(root: Path) -> Path:
     """The copy of ``store.json`` that every manifest write leaves next to it."""
     return root / "store.json.bak"
+
+
+#: what a store folder holds (docs/architecture.md, store layout): a folder holding only these -- a first
+#: ingest killed before it wrote ``store.json`` leaves some of them -- may become a store
+STORE_LAYOUT = frozenset({"store.json", "store.json.bak", "writer.lock", "shards", "staging", "retired",
+                          "compact.json"})
+
+
+def check_store_folder(root: Path) -> None:
+    """Refuse to make a store of ``root`` when it is a file, or a folder that holds anything but a store's
+    own files (a store is created in a new or empty folder only: never among someone's DICOM)."""
+    if root.exists() and not root.is_dir():
+        raise StoreError(f"{root} is a file, not a folder: give a new (or empty) folder for the store")
+    if not root.is_dir() or manifest_path(root).exists() or backup_path(root).exists():
+        return
+    foreign = sorted(p.name for p in root.iterdir() if p.name not in STORE_LAYOUT)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise StoreError(f"{root} is not a medload store and is not empty (it holds {shown}): a store is created "
+                         "in a new or empty folder only; give another path (for ingest, the store is the last "
+                         "argument: medload ingest SOURCES... STORE)")
 
 
 def shard_path(root: Path, name: str) -> Path:

@@ -24,12 +24,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from medload.errors import ConfigError, ShardUnavailableError, StoreError
+from medload.errors import ConfigError, ShardUnavailableError, StoreError, StoreFormatError
 from medload.progress import progress_bar
 from medload.storage import shard as sh
 from medload.storage.availability import check_keys
 from medload.storage.live import LiveRecords, ShardRecords, lost_shard, merge
-from medload.storage.manifest import Manifest, file_digest, manifest_path, read_manifest, shard_path
+from medload.storage.manifest import Manifest, backup_path, file_digest, manifest_path, read_manifest, shard_path
 from medload.storage.records import SeriesRecord
 from medload.storage.verify_isolated import run_check
 from medload.storage.verify_report import KINDS, RESTORE, Damage, VerifyReport, reingest_hint
@@ -48,6 +48,9 @@ def verify_store(path: str | Path, *, deep: bool = False, sources: Sequence[Path
     report = VerifyReport(str(root))
     if deep and not sources:
         raise ConfigError("a deep verify matches stored source hashes with files: give the source folders")
+    if not any(p.exists() for p in (manifest_path(root), backup_path(root), root / "shards")):
+        raise StoreFormatError(f"{root} is not a medload store (no store.json, no store.json.bak, no shards/): "
+                               "give the folder `medload ingest` wrote")
     try:
         manifest = read_manifest(root)
     except StoreError as exc:
