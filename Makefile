@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # folder is the package itself here, so the warning says nothing to a user of this Makefile
 PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip
 
-.PHONY: demo test apt-deps clean
+.PHONY: demo test test-fast apt-deps clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ test: $(BIN)/.dev-installed apt-deps
 	$(BIN)/pytest -q
 	$(BIN)/pytest -q --nbmake notebooks
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
+
+# The quick tier while working: no apt packages, servers, Dask or torchrun, nothing marked slow (pyproject.toml)
+test-fast: $(BIN)/.dev-installed
+	$(BIN)/pytest -q -m "not (slow or dcm2niix or orthanc or dask or torchrun)"
 
 clean:
 	rm -rf stores runs .pytest_cache .hypothesis .site

@@ -34,6 +34,8 @@ from medload.storage.verify import verify_store
 from medload.storage.writer import StoreWriter
 from medload.synthetic import SeriesSpec, make_study
 
+pytestmark = pytest.mark.dask
+
 TESTS = Path(__file__).resolve().parent
 MEDLOAD = [sys.executable, "-m", "medload.cli"]
 RLE = "1.2.840.10008.1.2.5"

@@ -33,6 +33,8 @@ from medload.pacs.multipart import boundary_of, write_single_part
 from medload.storage.store import open_store
 from orthanc_server import ORTHANC, Orthanc, Proxy, free_port
 
+pytestmark = pytest.mark.orthanc
+
 MEDLOAD = [sys.executable, "-m", "medload.cli"]
 DICOM = PHILIPS / "dicom"
 FAST = RetrieveOptions(retry=RetryPolicy(attempts=2, backoff=0.05))

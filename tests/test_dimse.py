@@ -24,6 +24,8 @@ from medload.pacs.ingest import RetrieveOptions, ingest_dimse
 from medload.storage.store import open_store
 from orthanc_server import Orthanc, free_port
 
+pytestmark = pytest.mark.orthanc
+
 
 # ---- without a server ------------------------------------------------------------------------------
 def test_dimse_urls_and_ae_titles():

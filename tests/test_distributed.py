@@ -38,6 +38,7 @@ def store(tmp_path_factory):
     return root / "store"
 
 
+@pytest.mark.torchrun
 def test_torchrun_ranks_train_disjoint_patients_and_validate_once(store, tmp_path):
     """Ranks train on disjoint patients, validate each sample once and agree with one process. With seed 1
     the 6 patients give one validation patient (every fifth along the locality order, from the second),

@@ -177,6 +177,7 @@ def test_permuted_instance_numbers_change_only_the_source_hashes(tmp_path: Path,
 
 
 # ---- 3. dcm2niix as the geometry oracle ----------------------------------------------------------
+@pytest.mark.dcm2niix
 @pytest.mark.parametrize("shape", [(40, 40), (48, 32)], ids=["square", "non_square"])
 def test_export_agrees_with_dcm2niix(tmp_path: Path, run_ingest, shape: tuple[int, int]) -> None:
     rows, cols = shape

@@ -40,6 +40,7 @@ def test_philips_one_volume_of_28_slices(philips):
     assert report.counts["ingested"] == 1
 
 
+@pytest.mark.dcm2niix
 def test_philips_export_equals_dcm2niix_reference(philips, tmp_path):
     _, store = philips
     rec = store.series()[0]

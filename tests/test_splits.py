@@ -78,6 +78,7 @@ def _each_reference_volume_is_one_of_ours(tmp_path, store, binary: str) -> None:
     assert sorted(matched) == sorted(ours)
 
 
+@pytest.mark.dcm2niix
 @pytest.mark.parametrize("kind", CLASSIC)
 def test_splits_of_single_frame_series_are_the_volumes_dcm2niix_makes(tmp_path, run_ingest, kind):
     """dcm2niix splits these into separate files (magnitude, ``_ph``) or the volumes of one 4-D file
@@ -87,6 +88,7 @@ def test_splits_of_single_frame_series_are_the_volumes_dcm2niix_makes(tmp_path, 
     _each_reference_volume_is_one_of_ours(tmp_path, store, "dcm2niix")
 
 
+@pytest.mark.dcm2niix
 def test_the_time_points_of_an_enhanced_4d_ct_are_the_volumes_dcm2niix_makes(tmp_path, run_ingest):
     """A recent dcm2niix (PyPI's build; Debian's 1.0.20220720 stacks every frame into one volume) writes
     the cardiac phases of an Enhanced CT as one 4-D file: each of its volumes is one of ours."""
@@ -95,6 +97,7 @@ def test_the_time_points_of_an_enhanced_4d_ct_are_the_volumes_dcm2niix_makes(tmp
     _each_reference_volume_is_one_of_ours(tmp_path, store, DCM2NIIX_RECENT)
 
 
+@pytest.mark.dcm2niix
 @pytest.mark.parametrize("kind", ["b0map", "echo"])
 def test_splits_of_enhanced_mr_hold_the_slices_dcm2niix_finds(tmp_path, run_ingest, kind):
     """dcm2niix (Debian's and PyPI's 1.0.20260724 alike) stacks the frames of these Enhanced MR objects, whose

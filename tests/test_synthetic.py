@@ -164,6 +164,7 @@ def test_simpleitk_geometry_matches_affine(tmp_path: Path) -> None:
     np.testing.assert_array_equal(sitk.GetArrayFromImage(image), series.hu)
 
 
+@pytest.mark.dcm2niix
 def test_dcm2niix_agrees_with_ground_truth(tmp_path: Path) -> None:
     src, out = tmp_path / "dicom", tmp_path / "nifti"
     out.mkdir()

@@ -35,6 +35,8 @@ from medload.storage.store import open_store
 from medload.writeback import Segment, WritebackError, connect, push_seg, to_seg
 from orthanc_server import ORTHANC, Orthanc, Proxy
 
+pytestmark = pytest.mark.orthanc
+
 MEDLOAD = [sys.executable, "-m", "medload.cli"]
 DICOM = PHILIPS / "dicom"
 needs_orthanc = pytest.mark.skipif(ORTHANC is None, reason="Orthanc is not installed (make test installs the Debian "
