@@ -17,6 +17,7 @@ Examples:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 from medload.errors import MedloadError
@@ -48,11 +49,17 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
     except ModuleNotFoundError as exc:
         if exc.name is None or module.split(".")[0] != exc.name.split(".")[0]:
             raise
-        raise MissingExtraError(f"{feature} needs {exc.name}, which is not installed: "
-                                f"pip install 'medload[{extra}]' (or 'medload[all]')") from exc
+        raise _missing(exc.name, extra, feature) from exc
 
 
 def require_all(extra: str, feature: str) -> None:
-    """:func:`require` every module of ``extra`` (see :data:`EXTRAS`)."""
+    """Check that every module of ``extra`` (see :data:`EXTRAS`) is installed, without importing any (a
+    process that checks pays no memory for modules it may never use), or raise :class:`MissingExtraError`."""
     for module in EXTRAS[extra]:
-        require(module, extra, feature)
+        if importlib.util.find_spec(module) is None:
+            raise _missing(module, extra, feature)
+
+
+def _missing(module: str, extra: str, feature: str) -> MissingExtraError:
+    return MissingExtraError(f"{feature} needs {module}, which is not installed: pip install 'medload[{extra}]' "
+                             "(or 'medload[all]')")
