@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve()
 
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+                ["arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"]]
 
 
 def _heap_mb() -> tuple[int, int]:
@@ -81,8 +81,7 @@ def stages(src: Path, tuned: bool) -> dict:
 
 def loader(store: Path, recycle: bool) -> dict:
     """Child: three epochs of the CPU loader; samples/s per epoch, heap and PSS at the end."""
-    from medload.data import SliceDataset, make_loader
-    from medload.data import buffers
+    from medload.data import SliceDataset, buffers, make_loader
     from medload.storage.store import open_store
 
     if not recycle:  # what every batch would cost without the recycler: a fresh float tensor

@@ -51,8 +51,8 @@ def run_ingest(tmp_path):
 def store_dump(store: Store) -> list[tuple[bytes, bytes, bytes]]:
     """Sorted (sub-database, key, value) of every record of every shard: the logical content of a store,
     independent of shard names and grouping."""
-    from medload.storage.shard import reader_env
     from medload.storage.manifest import shard_path
+    from medload.storage.shard import reader_env
 
     out = []
     for entry in store.manifest.shards:

@@ -55,7 +55,7 @@ def _mapped() -> list[str]:
 
 
 def main(store_path: str, reference_path: str) -> None:
-    reference = json.load(open(reference_path))
+    reference = json.loads(Path(reference_path).read_text())
     try:
         store = open_store(store_path, cache=0)
         listed = [r.key for r in store.series()]

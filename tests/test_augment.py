@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import DEVICES
+
 from medload.data.augment import AugmentConfig, AugmentParams, BatchAugment, rotation_matrix
 from medload.errors import ConfigError
 
@@ -47,7 +47,7 @@ def _interior(label: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("spatial_dims,spatial,channels", [(2, (48, 56), 3), (3, (20, 28, 24), 1)])
+@pytest.mark.parametrize(("spatial_dims", "spatial", "channels"), [(2, (48, 56), 3), (3, (20, 28, 24), 1)])
 @pytest.mark.parametrize("label_dtype", [torch.uint8, torch.int64])
 def test_image_and_label_stay_aligned(spatial_dims, spatial, channels, label_dtype, device):
     batch = 6
@@ -83,7 +83,7 @@ def test_one_hot_float_label_stays_one_hot_with_background_padding():
     assert torch.equal(out[:, :, 0, 0], torch.tensor([[1.0, 0.0, 0.0]] * 4))  # zoomed out: corner is padding
 
 
-@pytest.mark.parametrize("spatial_dims,shape", [(2, (16, 3, 9, 10)), (3, (16, 2, 5, 6, 7))])
+@pytest.mark.parametrize(("spatial_dims", "shape"), [(2, (16, 3, 9, 10)), (3, (16, 2, 5, 6, 7))])
 def test_flips_only_are_exact(spatial_dims, shape):
     image = torch.rand(shape, generator=torch.Generator().manual_seed(0))
     label = (image[:, :1] > 0.5).to(torch.uint8)
@@ -173,7 +173,7 @@ def _centre_offsets(volume: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "spatial,angles,zoom,translate,point",
+    ("spatial", "angles", "zoom", "translate", "point"),
     [
         ((33, 41), [0.5], 1.0, [0.0, 0.0], (7.0, -9.0)),
         ((33, 41), [-0.35], 1.1, [0.06, -0.05], (-6.0, 10.0)),
@@ -243,7 +243,7 @@ def test_half_precision_image_keeps_its_dtype():
 
 
 @pytest.mark.parametrize(
-    "spatial_dims,image,label",
+    ("spatial_dims", "image", "label"),
     [
         (2, torch.rand(3, 8, 8), None),  # missing channel axis
         (2, torch.rand(2, 1, 4, 8, 8), None),  # a slab given to a 2D augment

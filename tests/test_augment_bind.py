@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import DEVICES
+
 from medload.config import IngestConfig
 from medload.data import SlabDataset, make_loader
 from medload.data.augment import AugmentConfig, BatchAugment

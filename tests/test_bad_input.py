@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from decoder_faults import FAULTS, fault_frame
 from pydicom.encaps import encapsulate, generate_frames
 from pydicom.uid import HTJ2K, JPEG2000Lossless
 
-from decoder_faults import FAULTS, fault_frame
 from medload.storage.digest import series_digest, slice_digest
 from medload.synthetic import BadInput, SeriesSpec, make_series, write_bad_corpus
 from medload.synthetic.broken import with_uids

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+import page_cache
 import pytest
 
-import page_cache
 from medload.bench.common import OtherLoad, evict_page_cache, load_note, tree_read_bytes
 from medload.bench.peers import PeerUnavailable
 from medload.bench.scale import ScaleSettings, prepare_scale, sample_bytes

@@ -11,7 +11,6 @@ import sys
 import nibabel as nib
 import numpy as np
 import pytest
-
 from conftest import DATA, PHILIPS
 
 MEDLOAD = [sys.executable, "-m", "medload.cli"]

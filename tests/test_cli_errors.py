@@ -10,9 +10,9 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from conftest import flip_stored_value
 from rich.console import Console
 
-from conftest import flip_stored_value
 from medload.cli.failures import BUG, ERROR, report
 from medload.config import IngestConfig
 from medload.ingest.run import ingest

@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import pydicom
 import pytest
-
 from conftest import DATA, file_hashes, flip_stored_value
+
 from medload.config import IngestConfig
 from medload.ingest.run import ingest
 from medload.storage.compact import compact_store
@@ -202,7 +202,7 @@ def compacted_bytes(forced, tmp_path_factory):
     return compact_store(store).bytes_after
 
 
-@pytest.mark.parametrize("fragment,nth", KILL_POINTS)
+@pytest.mark.parametrize(("fragment", "nth"), KILL_POINTS)
 def test_killing_compact_at_any_step_leaves_a_store_that_verifies(forced, store, compacted_bytes, fragment, nth):
     root, reference, _, grown = forced
     killed = subprocess.run([sys.executable, "-c", _KILLER, fragment, str(nth), str(store)], capture_output=True,

@@ -12,13 +12,12 @@ import warnings
 
 import click
 import pytest
+from conftest import REPO
 
 from medload.config import RENAMED, CacheConfig, IngestConfig, load_config
 from medload.errors import ConfigError
 from medload.storage.store import open_store
 from medload.synthetic import SeriesSpec, make_series
-
-from conftest import REPO
 
 EVERY_KEY = """
 [ingest]
@@ -68,7 +67,7 @@ def test_the_documented_config_example_uses_the_current_names(tmp_path):
     assert cfg.cache.l1_bytes == 512 * 10**6 and cfg.ingest.windows == ("lung", "soft_tissue")
 
 
-@pytest.mark.parametrize("section, old, new, value, expected", [
+@pytest.mark.parametrize(("section", "old", "new", "value", "expected"), [
     ("cache", "l1", "l1_bytes", '"1MB"', 10**6),
     ("ingest", "shard_size", "shard_bytes", '"2GB"', 2 * 10**9),
 ])
@@ -83,7 +82,7 @@ def test_old_toml_keys_still_work_and_warn(tmp_path, section, old, new, value, e
     with pytest.raises(ConfigError, match=rf"{old} and {new} are one setting: keep {new} only"):
         load_config(path)
     path.write_text(f'[{section}]\n{old} = "lots"\n')
-    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError, match=rf"\[{section}\]: {old} = 'lots'"):
+    with pytest.warns(DeprecationWarning, match=old), pytest.raises(ConfigError, match=rf"\[{section}\]: {old} = 'lots'"):
         load_config(path)
 
 

@@ -17,7 +17,7 @@ def _load(tmp_path, text: str) -> MedloadConfig:
     return load_config(path)
 
 
-@pytest.mark.parametrize("section, line, expected", [
+@pytest.mark.parametrize(("section", "line", "expected"), [
     ("cache", 'verify = "false"', "not a boolean"),
     ("ingest", "strict = 1", "not a boolean"),
     ("ingest", 'workers = "4"', "not an integer"),
@@ -39,7 +39,7 @@ def test_a_wrong_type_in_toml_names_the_file_the_key_and_the_type(tmp_path, sect
     assert expected in str(err.value)
 
 
-@pytest.mark.parametrize("cls, section", [(IngestConfig, "ingest"), (CacheConfig, "cache")])
+@pytest.mark.parametrize(("cls", "section"), [(IngestConfig, "ingest"), (CacheConfig, "cache")])
 def test_every_field_is_checked(tmp_path, cls, section):
     """A value no field can take (a TOML inline table; an object in Python) is an error for each field."""
     for f in dataclasses.fields(cls):

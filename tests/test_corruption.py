@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from corruption import DAMAGE
+
 from medload.config import IngestConfig
 from medload.ingest.run import ingest
 from medload.storage.manifest import read_manifest, retired_path

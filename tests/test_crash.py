@@ -64,7 +64,7 @@ def _wait_for_writing(store, proc, before: set[str], timeout: float = 30.0) -> N
         time.sleep(0.005)
 
 
-@pytest.mark.parametrize("workers,kills", [(2, 20), (1, 10)])
+@pytest.mark.parametrize(("workers", "kills"), [(2, 20), (1, 10)])
 def test_killing_the_ingester_at_random_moments_never_damages_the_store(tmp_path, workers, kills):
     src = tmp_path / "src"
     for s in range(SERIES):

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import dask
 import pytest
+from conftest import DATA, PHILIPS, store_dump
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import DATA, PHILIPS, store_dump
 from medload.config import IngestConfig
 from medload.errors import ConfigError, StoreError
 from medload.ingest.cluster import local_cluster, parse_scheduler
@@ -208,7 +208,7 @@ def test_workers_that_cannot_isolate_decoding_are_refused(tmp_path):
     assert not (tmp_path / "store" / "store.json").exists()
 
 
-@pytest.mark.parametrize("text, parsed", [("local", ("local", None)), ("local:3", ("local", 3)),
+@pytest.mark.parametrize(("text", "parsed"), [("local", ("local", None)), ("local:3", ("local", 3)),
                                           ("tcp://10.0.0.5:8786", ("address", "tcp://10.0.0.5:8786")),
                                           ("tls://head:8786", ("address", "tls://head:8786")),
                                           ("slurm", ("slurm", None)), ("slurm:8", ("slurm", 8))])

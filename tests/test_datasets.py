@@ -9,9 +9,9 @@ import numpy as np
 import pydicom
 import pytest
 import torch
+from conftest import DEVICES
 from monai.transforms import LoadImaged
 
-from conftest import DEVICES
 from medload import windows as win
 from medload.config import IngestConfig
 from medload.data import MedloadReader, SlabDataset, SliceDataset, make_loader
@@ -141,7 +141,7 @@ def test_loadimaged_with_medload_reader_equals_store_read_and_export(built, tmp_
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("workers,method,pin", [(0, None, None), (2, "fork", None), (2, "spawn", False)])
+@pytest.mark.parametrize(("workers", "method", "pin"), [(0, None, None), (2, "fork", None), (2, "spawn", False)])
 def test_loader_yields_windowed_float_batches(built, workers, method, pin, device):
     path, by_key = built
     key = _keys_of(by_key, 9)[0]

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pydicom
 import pytest
-
 from conftest import PHILIPS
+from orthanc_server import ORTHANC, Orthanc, Proxy, free_port
+
 from medload.config import IngestConfig
 from medload.errors import ConfigError, InputProblem, RemoteSourceError
 from medload.ingest.deid import Pseudonymizer, load_key
@@ -31,7 +32,6 @@ from medload.pacs.endpoint import load_credentials, parse_endpoint
 from medload.pacs.ingest import RetrieveOptions, ingest_dicomweb
 from medload.pacs.multipart import boundary_of, write_single_part
 from medload.storage.store import open_store
-from orthanc_server import ORTHANC, Orthanc, Proxy, free_port
 
 pytestmark = pytest.mark.orthanc
 
@@ -71,7 +71,7 @@ def test_multipart_body_is_streamed_exactly_whatever_the_chunking(chunk):
     assert out.getvalue() == body and size == len(body)
 
 
-@pytest.mark.parametrize("data, reason, cap", [
+@pytest.mark.parametrize(("data", "reason", "cap"), [
     (_multipart(b"x" * 100)[:-30], "cut short", 1000),
     (_multipart(b"x", parts=2), "more than one part", 1000),
     (_multipart(b"x", kind="application/json"), "not application/dicom", 1000),

@@ -12,6 +12,7 @@ import socket
 import subprocess
 
 import pytest
+from orthanc_server import Orthanc, free_port
 from test_dicomweb import CT_SERIES, DICOM, MEDLOAD, UIDS, _pseudo, _records, _same, needs_orthanc
 
 from medload.config import IngestConfig
@@ -22,7 +23,6 @@ from medload.pacs.dimse import _identifier, storage_contexts
 from medload.pacs.endpoint import is_remote_url, parse_dimse_endpoint
 from medload.pacs.ingest import RetrieveOptions, ingest_dimse
 from medload.storage.store import open_store
-from orthanc_server import Orthanc, free_port
 
 pytestmark = pytest.mark.orthanc
 

@@ -20,8 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from medload.errors import ConfigError, InputProblem
-from medload.ingest.discover import (ArchiveLimits, DiscoveryProblem, SourceRef, discover, open_source,
-                                     read_source)
+from medload.ingest.discover import ArchiveLimits, DiscoveryProblem, SourceRef, discover, open_source, read_source
 
 
 def dcm(tag: str, extra: bytes = b"") -> bytes:

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import PHILIPS, REPO
+
 from medload.config import IngestConfig
 from medload.data import DistributedPatientSampler, SlabDataset, SliceDataset, shards_for_rank
 from medload.ingest import ingest

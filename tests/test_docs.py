@@ -6,9 +6,9 @@ import inspect
 import json
 
 import pytest
+from conftest import REPO
 
 import medload
-from conftest import REPO
 
 PUBLIC = [name for name in medload.__all__ if not name.startswith("__")]
 

@@ -18,9 +18,9 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 
 import medload
-from conftest import REPO
 from medload.config import IngestConfig
 from medload.data import SlabDataset, SliceDataset, make_loader
 from medload.ingest import ingest

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import file_hashes
+
 from medload.config import IngestConfig
 from medload.errors import DiskFullError
 from medload.ingest.run import ingest
@@ -234,7 +234,7 @@ def test_store_json_is_never_cut_short_by_a_full_disk(disk):
     big = Manifest(codec="raw", windows=(), key_fingerprint="f" * 16, created_by="test",
                    shards=[ShardEntry(name=f"shard-{i:04d}", series=1, bytes=1, digest="0" * 32) for i in range(400)])
     fill(disk, 2 * PAGE)  # the big manifest takes about 50 KB
-    with pytest.raises(OSError) as caught:
+    with pytest.raises(OSError, match="No space left") as caught:
         write_manifest(disk, big)
     assert caught.value.errno == 28  # ENOSPC
     assert (disk / "store.json").read_bytes() == before and not (disk / "store.json.tmp").exists()

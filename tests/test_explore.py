@@ -10,9 +10,9 @@ import matplotlib
 import numpy as np
 import pydicom
 import pytest
+from conftest import PHILIPS
 from PIL import Image
 
-from conftest import PHILIPS
 from medload import viz
 from medload import windows as win
 from medload.config import IngestConfig

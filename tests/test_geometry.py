@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import AXIAL
+from conftest import slice_header as header
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import AXIAL
-from conftest import slice_header as header
 from medload.config import IngestConfig
 from medload.errors import InputProblem
 from medload.ingest.discover import SourceRef

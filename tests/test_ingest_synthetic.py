@@ -20,6 +20,7 @@ import nibabel as nib
 import numpy as np
 import pydicom
 import pytest
+from conftest import file_hashes, store_dump
 from pydicom import encaps
 from pydicom.uid import (
     ExplicitVRBigEndian,
@@ -30,7 +31,6 @@ from pydicom.uid import (
     generate_uid,
 )
 
-from conftest import file_hashes, store_dump
 from medload import windows as win
 from medload.errors import ConfigError
 from medload.storage.nifti import export_nifti

@@ -86,15 +86,13 @@ def test_tasks_queued_behind_a_crash_run_on_a_new_worker():
 
 
 def test_a_task_that_raises_is_a_bug_not_a_bad_input():
-    with IsolatedPool(1, _nothing, ()) as pool:
-        with pytest.raises(RuntimeError, match="a bug in a task"):
-            pool.wait(pool.submit(_items, ["raise"]))
+    with IsolatedPool(1, _nothing, ()) as pool, pytest.raises(RuntimeError, match="a bug in a task"):
+        pool.wait(pool.submit(_items, ["raise"]))
 
 
 def test_workers_that_die_before_any_input_stop_the_run():
-    with pytest.raises(MedloadError, match="before their first input"):
-        with IsolatedPool(1, _die_at_start, ()) as pool:
-            pool.wait(pool.submit(_items, ["a"]))
+    with pytest.raises(MedloadError, match="before their first input"), IsolatedPool(1, _die_at_start, ()) as pool:
+        pool.wait(pool.submit(_items, ["a"]))
 
 
 def test_settings_come_from_toml_and_are_checked(tmp_path: Path):

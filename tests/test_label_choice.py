@@ -9,8 +9,8 @@ import numpy as np
 import pydicom
 from pydicom.sr.codedict import codes
 
-from medload.ingest.labels import LabelInput, label_fingerprint
 from medload.ingest.discover import SourceRef
+from medload.ingest.labels import LabelInput, label_fingerprint
 from medload.synthetic import SeriesSpec, make_rtstruct, make_series
 
 SQUARE = np.array([[9.5, 7.5], [20.5, 7.5], [20.5, 15.5], [9.5, 15.5]])

@@ -11,10 +11,10 @@ import numpy as np
 import pydicom
 import pytest
 import SimpleITK as sitk
+from conftest import DATA
 from pydicom.pixels import pack_bits
 from pydicom.sr.codedict import codes
 
-from conftest import DATA
 from medload.ingest.deid import Pseudonymizer, load_key
 from medload.labels.grid import RAS_TO_LPS, LabelProblem, SeriesGrid
 from medload.labels.masks import mask_to_grid

@@ -11,8 +11,8 @@ import pydicom
 import pytest
 import SimpleITK as sitk
 import torch
-
 from conftest import DATA, DEVICES
+
 from medload.config import IngestConfig
 from medload.data import ForegroundSampler, SlabDataset, SliceDataset, make_loader
 from medload.ingest import ingest

@@ -12,6 +12,7 @@ import torch
 lightning = pytest.importorskip("lightning", reason="PyTorch Lightning is an optional extra (medload[lightning])")
 
 from labelled_store import COLS, ROWS, make_labelled_store  # noqa: E402
+
 from medload.data import DistributedPatientSampler, SliceDataset, UniformSampler  # noqa: E402
 from medload.errors import ConfigError, MedloadError  # noqa: E402
 from medload.lightning import StoreDataModule, split_patients  # noqa: E402

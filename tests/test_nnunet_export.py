@@ -22,6 +22,8 @@ pytest.importorskip("nnunetv2", reason="nnU-Net v2 is an optional extra (medload
 
 from conftest import PHILIPS, flip_stored_value  # noqa: E402
 from labelled_store import SQUARE, make_labelled_store  # noqa: E402
+from test_privacy import IDENTIFYING, UIDS, _dicom_files, _pattern, _raw_values  # noqa: E402
+
 from medload.config import IngestConfig  # noqa: E402
 from medload.errors import ChecksumError, ConfigError  # noqa: E402
 from medload.export import export_nnunet  # noqa: E402
@@ -33,7 +35,6 @@ from medload.storage.manifest import shard_path  # noqa: E402
 from medload.storage.records import LabelRecord  # noqa: E402
 from medload.storage.store import open_store  # noqa: E402
 from medload.synthetic import SeriesSpec, make_rtstruct, make_series  # noqa: E402
-from test_privacy import IDENTIFYING, UIDS, _dicom_files, _pattern, _raw_values  # noqa: E402
 
 BIN = Path(sys.executable).parent
 LABEL_MAP = {"liver": ["liver"], "bone": ["class_1"]}  # RTSTRUCT ROI "Liver"; the bone mask's class_1

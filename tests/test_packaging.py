@@ -10,11 +10,11 @@ import re
 import subprocess
 import sys
 import textwrap
-import tomllib
 import venv
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from medload.extras import EXTRAS
 

@@ -6,8 +6,8 @@ import importlib.util
 import math
 
 import pytest
-
 from conftest import PHILIPS, REPO
+
 from medload.config import IngestConfig
 from medload.ingest import ingest
 

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import slice_header
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import slice_header
 from medload.errors import InputProblem
 from medload.ingest.pixels import LoadedFile, decode_plane
 

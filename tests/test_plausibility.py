@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pydicom
 import pytest
-
 from conftest import PHILIPS
+
 from medload.ingest.plausibility import HU_RANGE, outlier_slice, series_problem, thumbnail, value_problem
 from medload.synthetic import SeriesSpec, make_series
 from medload.synthetic.broken import element_offset

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pydicom
 import pytest
-
 from conftest import PHILIPS
+
 from medload.config import IngestConfig
 from medload.ingest import deid
 from medload.ingest.run import ingest

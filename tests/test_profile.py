@@ -11,10 +11,10 @@ import time
 
 import pytest
 import torch.nn.functional as F
-
 from conftest import DEVICES, PHILIPS
-from medload.config import IngestConfig
+
 from medload.cache.lru import shared_lru
+from medload.config import IngestConfig
 from medload.data import SliceDataset, make_loader
 from medload.data.profile import TRAINER_STAGES, WORKER_STAGES, ProfileReport, profile
 from medload.ingest import ingest

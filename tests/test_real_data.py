@@ -9,13 +9,13 @@ import nibabel as nib
 import numpy as np
 import pydicom
 import pytest
-
 from conftest import DATA, PHILIPS, file_hashes
-from medload.ingest.headers import read_headers
+
+from medload.config import IngestConfig
 from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import discover, read_source
+from medload.ingest.headers import read_headers
 from medload.ingest.pixels import LoadedFile, decode_plane
-from medload.config import IngestConfig
 from medload.storage.nifti import export_nifti
 
 

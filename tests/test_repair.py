@@ -15,8 +15,8 @@ import lmdb
 import numpy as np
 import pydicom
 import pytest
-
 from conftest import DATA, flip_stored_value
+
 from medload.config import IngestConfig
 from medload.errors import ConfigError, ManifestDamagedError, SeriesNotFoundError
 from medload.ingest.repair import repair_store

@@ -6,8 +6,8 @@ import errno
 import os
 
 import pytest
-
 from conftest import store_dump
+
 from medload.ingest import ring as ring_mod
 from medload.ingest.ring import SliceRing, SlotWriter
 from medload.synthetic import SeriesSpec, make_series

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from labelled_store import make_labelled_store
 from torch.utils.data import DataLoader, TensorDataset
 
-from labelled_store import make_labelled_store
 from medload.data import SlabDataset, SliceDataset, sample_layout
 from medload.data.distributed import DistributedPatientSampler
 from medload.data.samplers import ForegroundSampler, SeriesGroupedSampler, UniformSampler

@@ -83,6 +83,7 @@ def test_headers_of_a_batch_share_repeated_values_without_changing_any():
     """The header pass gives equal values one object per batch (memory of 10 M headers), never merging
     values that merely compare equal: -0.0 keeps its sign."""
     from conftest import slice_header
+
     from medload.ingest.worker import _share_repeats
 
     headers = [slice_header((0, 0, z), name=f"{z}.dcm", instance=str(z)) for z in range(3)]

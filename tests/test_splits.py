@@ -11,8 +11,8 @@ import nibabel as nib
 import numpy as np
 import pydicom
 import pytest
-
 from conftest import slice_header
+
 from medload.ingest.splits import split_stacks
 from medload.storage.keys import series_key
 from medload.storage.nifti import export_nifti

@@ -125,9 +125,9 @@ def test_store_pickles_to_its_path_and_reopens_after_fork(tmp_path, volumes):
 
 
 def test_a_second_writer_is_refused(tmp_path):
-    with StoreWriter(tmp_path / "s", codec="raw", windows=(), key_fingerprint="k"):
-        with pytest.raises(StoreLockedError, match=rf"another medload process \(pid {os.getpid()} on "):
-            StoreWriter(tmp_path / "s", codec="raw", windows=(), key_fingerprint="k")
+    with StoreWriter(tmp_path / "s", codec="raw", windows=(), key_fingerprint="k"), \
+            pytest.raises(StoreLockedError, match=rf"another medload process \(pid {os.getpid()} on "):
+        StoreWriter(tmp_path / "s", codec="raw", windows=(), key_fingerprint="k")
 
 
 def test_other_key_codec_or_windows_are_refused(tmp_path):

@@ -28,9 +28,10 @@ from pydicom.uid import (
 
 from medload.errors import ConfigError
 from medload.synthetic import (
-    GeneratedSeries,
     PADDING_HU,
+    GeneratedSeries,
     SeriesSpec,
+    broken,
     make_series,
     make_study,
     phantom_hu,
@@ -38,7 +39,6 @@ from medload.synthetic import (
     write_localizer,
     write_secondary_capture,
 )
-from medload.synthetic import broken
 
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 

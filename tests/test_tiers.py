@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from test_read_path import _SlabDataset
 
 from medload.cache import tiered
 from medload.config import CacheConfig, IngestConfig
@@ -22,8 +23,6 @@ from medload.storage.manifest import shard_path
 from medload.storage.shard import reader_env
 from medload.storage.store import open_store
 from medload.synthetic import SeriesSpec, make_series
-
-from test_read_path import _SlabDataset
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import page_cache
 import pytest
 import torch
 from hypothesis import given, settings
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from medload.cache.lru import SliceLRU
 from medload.config import IngestConfig
-from medload.data import SliceDataset, SlabDataset, make_loader
+from medload.data import SlabDataset, SliceDataset, make_loader
 from medload.data.loader import _SlotBatchSampler
 from medload.data.readahead import ReadAhead
 from medload.errors import StoreError, StoreFormatError
@@ -31,8 +32,6 @@ from medload.storage import value_reads as vr
 from medload.storage.manifest import shard_path
 from medload.storage.store import open_store
 from medload.synthetic import SeriesSpec, make_series
-
-import page_cache
 
 
 @pytest.fixture(scope="module")
@@ -365,7 +364,7 @@ class _BudgetOf(SliceDataset):
         self.budgets[info.id] = lru._shared.budget
 
 
-@pytest.mark.parametrize("l1,shared", [("100kB", True), ("64MB", False)])
+@pytest.mark.parametrize(("l1", "shared"), [("100kB", True), ("64MB", False)])
 def test_workers_share_the_l1_budget_only_when_the_data_dwarf_it(big_store, l1, shared):
     """1.5 MB of 256 x 256 slices: more than 8 times a 100 kB L1 (each of 2 workers keeps half), well
     within a 64 MB one (each keeps it all)."""

@@ -13,8 +13,8 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
-
 from conftest import flip_stored_value
+
 from medload.config import IngestConfig
 from medload.errors import ConfigError
 from medload.ingest.run import ingest

@@ -22,9 +22,10 @@ import numpy as np
 import pydicom
 import pytest
 import torch
+from conftest import PHILIPS, REPO
+from orthanc_server import ORTHANC, Orthanc, Proxy
 from pydicom.sr.codedict import codes
 
-from conftest import PHILIPS, REPO
 from medload.config import IngestConfig
 from medload.errors import ConfigError
 from medload.ingest.run import ingest
@@ -33,7 +34,6 @@ from medload.pacs.endpoint import Credentials, parse_endpoint
 from medload.pacs.ingest import ingest_dicomweb
 from medload.storage.store import open_store
 from medload.writeback import Segment, WritebackError, connect, push_seg, to_seg
-from orthanc_server import ORTHANC, Orthanc, Proxy
 
 pytestmark = pytest.mark.orthanc
 
@@ -183,7 +183,7 @@ def _half_a_millimetre_higher(ds: pydicom.Dataset) -> None:
 
 
 @needs_orthanc
-@pytest.mark.parametrize("change, reason", [
+@pytest.mark.parametrize(("change", "reason"), [
     (_without_top_slice, r"other instances in series .* \(28 plane\(s\) now, 27 slice\(s\) stored\)"),
     (_half_a_millimetre_higher, r"does not match the stored grid \(slice positions up to 0.500 mm"),
 ])
@@ -224,7 +224,7 @@ def file_store(tmp_path_factory) -> tuple[Path, str, np.ndarray]:
 UNREACHABLE = "dicomweb://127.0.0.1:9/dicom-web"  # never contacted: every case fails before
 
 
-@pytest.mark.parametrize("mask, labels, message", [
+@pytest.mark.parametrize(("mask", "labels", "message"), [
     (lambda b: b[:-1], None, r"mask shape \(27, 512, 512\) is not the shape \(28, 512, 512\)"),
     (lambda b: b * 0.5, None, "give class ids as integers"),
     (lambda b: b * 3, {1: "a", 3: "c"}, r"segment ids \[1, 3\]: name ids 1..N"),
