@@ -19,8 +19,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from medload.data import (AugmentConfig, BatchAugment, DistributedPatientSampler, ForegroundSampler,
-                          SeriesGroupedSampler, SlabDataset, SliceDataset, UniformSampler, make_loader)
+from medload.data import (
+    AugmentConfig,
+    BatchAugment,
+    DistributedPatientSampler,
+    ForegroundSampler,
+    SeriesGroupedSampler,
+    SlabDataset,
+    SliceDataset,
+    UniformSampler,
+    make_loader,
+)
 from medload.data.splits import PatientSplit, split_patients
 from medload.errors import ConfigError
 from medload.extras import require

@@ -17,7 +17,6 @@ import numpy as np
 
 from medload.bench.peers import PeerUnavailable
 
-
 __all__ = ["PreparedSeries", "Prepared", "make_synthetic", "prepare", "prepare_from", "series_folders",
            "choose_series", "ingest_into", "warm_page_cache", "KINDS"]
 

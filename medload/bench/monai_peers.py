@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from monai.data import CacheDataset, LMDBDataset, PersistentDataset
 from monai.data import Dataset as MonaiDataset
-from monai.transforms import (Compose, EnsureChannelFirstd, EnsureTyped, LoadImaged, MapTransform,
-                              ScaleIntensityRanged)
+from monai.transforms import Compose, EnsureChannelFirstd, EnsureTyped, LoadImaged, MapTransform, ScaleIntensityRanged
 from torch.utils.data import Dataset
 
 from medload.bench.peers import WINDOW, device_batches

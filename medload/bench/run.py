@@ -40,8 +40,17 @@ from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
 
-from medload.bench.sections import (Clock, gpu_section, guarded, ingest_section, loading_section, samples_per_pass,
-                                    say, scale_section, scaling_section)
+from medload.bench.sections import (
+    Clock,
+    gpu_section,
+    guarded,
+    ingest_section,
+    loading_section,
+    samples_per_pass,
+    say,
+    scale_section,
+    scaling_section,
+)
 from medload.errors import ConfigError
 
 __all__ = ["run_bench", "BenchConfig", "FULL", "QUICK", "SECTIONS", "readme_tables"]
@@ -204,8 +213,8 @@ def run_bench(*, quick: bool = False, json_out: Path | None = None, data: Path |
 def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[str, ...], data: Path | None,
                   device: str, progress: bool, scale_dir: Path | None) -> None:
     from medload.bench.loading import Servers
-    from medload.bench.targets import memory_targets, scale_targets, speed_targets
     from medload.bench.loading_data import choose_series, ingest_into, make_synthetic, prepare_from, series_folders
+    from medload.bench.targets import memory_targets, scale_targets, speed_targets
 
     samples = samples_per_pass(cfg)
     key = Path(os.environ["MEDLOAD_KEY_FILE"])

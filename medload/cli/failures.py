@@ -40,7 +40,7 @@ _OS_ADVICE = {
 def report(exc: BaseException, console: Console, *, show_traceback: bool) -> int:
     """Show ``exc`` as one ``error:`` line on ``console`` (after its traceback with ``show_traceback``);
     the exit code it ends the command with."""
-    if isinstance(exc, click.exceptions.Abort) or isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt)):
         _line(console, "interrupted")
         return INTERRUPTED
     if isinstance(exc, click.exceptions.NoArgsIsHelpError):  # `medload`, `medload cache`: the help it asks for

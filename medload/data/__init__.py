@@ -2,9 +2,15 @@
 
 from medload.data.augment import AugmentConfig, BatchAugment
 from medload.data.datasets import SlabDataset, SliceDataset
+from medload.data.distributed import (
+    DistributedPatientSampler,
+    assign_ranks,
+    locality_order,
+    partition_by_patient,
+    sample_layout,
+    shards_for_rank,
+)
 from medload.data.loader import DeviceLoader, make_loader
-from medload.data.distributed import (DistributedPatientSampler, assign_ranks, locality_order,
-                                      partition_by_patient, sample_layout, shards_for_rank)
 from medload.data.samplers import ForegroundSampler, SeriesGroupedSampler, UniformSampler
 from medload.data.splits import PatientSplit, split_patients
 

@@ -32,9 +32,9 @@ import torch
 from medload import windows as win
 from medload.data.index import SampleIndex, select_series, slab_index, slice_index
 from medload.data.layout import sample_affine
-from medload.storage.selection import thick_enough
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
+from medload.storage.selection import thick_enough
 from medload.storage.shard import LABELS
 from medload.storage.store import Store
 

@@ -18,8 +18,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from monai.transforms import (Compose, EnsureChannelFirstd, EnsureTyped, LoadImaged, RandAffined, RandFlipd,
-                              RandGaussianNoised, RandScaleIntensityd, RandShiftIntensityd)
+from monai.transforms import (
+    Compose,
+    EnsureChannelFirstd,
+    EnsureTyped,
+    LoadImaged,
+    RandAffined,
+    RandFlipd,
+    RandGaussianNoised,
+    RandScaleIntensityd,
+    RandShiftIntensityd,
+)
 
 from medload import windows as win
 from medload.data.monai_reader import MedloadReader

@@ -21,12 +21,12 @@ import tarfile
 import tempfile
 import zipfile
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
 from pathlib import Path
 from typing import BinaryIO, cast
-from collections.abc import Callable, Iterator
 
 from medload.errors import ConfigError
 from medload.storage.space import disk_full_is_error, out_of_space

@@ -27,8 +27,18 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from medload.errors import InputProblem
-from medload.ingest.archives import (HEAD_BYTES, READ_ERRORS, ArchiveLimits, DiscoveryProblem, SourceRef, Spool,
-                                     archive_kind, describe, is_junk, scan_archive)
+from medload.ingest.archives import (
+    HEAD_BYTES,
+    READ_ERRORS,
+    ArchiveLimits,
+    DiscoveryProblem,
+    SourceRef,
+    Spool,
+    archive_kind,
+    describe,
+    is_junk,
+    scan_archive,
+)
 
 __all__ = ["SourceRef", "DiscoveryProblem", "ArchiveLimits", "discover", "read_source", "open_source",
            "problem_sha256"]

@@ -17,9 +17,20 @@ from __future__ import annotations
 import struct
 from typing import BinaryIO
 
-from pydicom.uid import (JPEG2000, HTJ2K, JPEG2000Lossless, JPEGBaseline8Bit, JPEGExtended12Bit, JPEGLossless,
-                         JPEGLosslessSV1, JPEGLSLossless, JPEGLSNearLossless, HTJ2KLossless, HTJ2KLosslessRPCL,
-                         RLELossless)
+from pydicom.uid import (
+    HTJ2K,
+    JPEG2000,
+    HTJ2KLossless,
+    HTJ2KLosslessRPCL,
+    JPEG2000Lossless,
+    JPEGBaseline8Bit,
+    JPEGExtended12Bit,
+    JPEGLossless,
+    JPEGLosslessSV1,
+    JPEGLSLossless,
+    JPEGLSNearLossless,
+    RLELossless,
+)
 
 from medload.errors import InputProblem
 

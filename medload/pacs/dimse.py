@@ -35,14 +35,15 @@ from pydicom.dataset import Dataset
 from pydicom.pixels import get_decoder
 from pydicom.tag import Tag
 from pydicom.uid import (
+    HTJ2K,
+    JPEG2000,
+    UID,
     DeflatedExplicitVRLittleEndian,
     ExplicitVRBigEndian,
     ExplicitVRLittleEndian,
-    HTJ2K,
     HTJ2KLossless,
     HTJ2KLosslessRPCL,
     ImplicitVRLittleEndian,
-    JPEG2000,
     JPEG2000Lossless,
     JPEGBaseline8Bit,
     JPEGExtended12Bit,
@@ -51,14 +52,18 @@ from pydicom.uid import (
     JPEGLSLossless,
     JPEGLSNearLossless,
     RLELossless,
-    UID,
 )
 
 from medload import __version__
 from medload.errors import ConfigError, InputProblem, RemoteSourceError, StoreError
 from medload.extras import require
 from medload.pacs.dicomweb import (  # one UID rule and one choice of instances for both protocols
-    _UID, RETRIEVED_SOP_CLASSES, InstanceRef, SeriesRef, retrievable)
+    _UID,
+    RETRIEVED_SOP_CLASSES,
+    InstanceRef,
+    SeriesRef,
+    retrievable,
+)
 from medload.pacs.endpoint import DimseEndpoint, check_ae_title
 
 require("pynetdicom", "pacs", "A dimse:// PACS (C-FIND, C-GET, C-STORE)")

@@ -31,8 +31,15 @@ from medload.storage import shard as sh
 from medload.storage.compact_journal import build_path, remove_journal, write_journal
 from medload.storage.keys import SERIES_KEY_BYTES
 from medload.storage.live import LiveRecords, merge, read_shard
-from medload.storage.manifest import (Manifest, ShardEntry, file_digest, fsync_dir, read_manifest, shard_path,
-                                      write_manifest)
+from medload.storage.manifest import (
+    Manifest,
+    ShardEntry,
+    file_digest,
+    fsync_dir,
+    read_manifest,
+    shard_path,
+    write_manifest,
+)
 from medload.storage.verify import verify_store
 from medload.storage.writer import StoreWriter, _new_shard_name
 

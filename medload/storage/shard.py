@@ -12,11 +12,10 @@ size, and keeps it only when the file holds every page its meta page counts.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import os
 import shutil
 import threading
+from pathlib import Path
 
 import lmdb
 

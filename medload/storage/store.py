@@ -33,14 +33,20 @@ from medload import windows
 from medload.cache.lru import shared_lru
 from medload.cache.tiered import ShardResolver
 from medload.config import CacheConfig, parse_size
-from medload.errors import (ChecksumError, ConfigError, SeriesNotFoundError, ShardUnavailableError, StoreError,
-                             StoreFormatError)
+from medload.errors import (
+    ChecksumError,
+    ConfigError,
+    SeriesNotFoundError,
+    ShardUnavailableError,
+    StoreError,
+    StoreFormatError,
+)
+from medload.storage import read_spans
 from medload.storage import shard as sh
 from medload.storage.availability import Unavailable, read_shards, repair_hint, unavailable
 from medload.storage.keys import match_key, slice_key
 from medload.storage.live import merge
 from medload.storage.manifest import Manifest, ShardEntry, read_manifest, shard_path
-from medload.storage import read_spans
 from medload.storage.read_spans import span_end
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 from medload.storage.selection import select_series, slab_starts, thick_enough

@@ -181,10 +181,10 @@ class _Group:
                                        f"{depth} in {where}: {reingest_hint(hexkey)}", **attribution)
         if extra:
             report.add(e.kind, hexkey, f"{noun}s {ranges(extra)} beyond the record's {depth} in {where}", **attribution)
-        if e.digest is not None and not (missing or extra or self.bad):
-            if series_digest(self.digests, e.shape, e.dtype) != e.digest:
-                report.add("label" if e.kind == "label" else "series", hexkey, f"content digest of the values in "
-                           f"{where} differs from the record's: {reingest_hint(hexkey)}", **attribution)
+        if e.digest is not None and not (missing or extra or self.bad) and \
+                series_digest(self.digests, e.shape, e.dtype) != e.digest:
+            report.add("label" if e.kind == "label" else "series", hexkey, f"content digest of the values in "
+                       f"{where} differs from the record's: {reingest_hint(hexkey)}", **attribution)
         if advance is not None:
             advance(1)
 

@@ -46,9 +46,22 @@ from medload.storage.availability import read_shards
 from medload.storage.compact_journal import finish_interrupted
 from medload.storage.keys import match_key, slice_key
 from medload.storage.live import merge, read_shard
-from medload.storage.manifest import (FORMAT_VERSION, Manifest, ShardEntry, backup_path, check_store_folder,
-                                      file_digest, fsync_dir, manifest_path, read_manifest, retired_path,
-                                      shard_path, staging_path, write_file_atomic, write_manifest)
+from medload.storage.manifest import (
+    FORMAT_VERSION,
+    Manifest,
+    ShardEntry,
+    backup_path,
+    check_store_folder,
+    file_digest,
+    fsync_dir,
+    manifest_path,
+    read_manifest,
+    retired_path,
+    shard_path,
+    staging_path,
+    write_file_atomic,
+    write_manifest,
+)
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 from medload.storage.space import disk_full_is_error
 

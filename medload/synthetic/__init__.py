@@ -15,8 +15,8 @@ from medload.synthetic.extras import add_modality_lut, write_broken_files, write
 from medload.synthetic.phantom import phantom_hu
 from medload.synthetic.rtstruct import make_rtstruct, square_polygon
 from medload.synthetic.series import make_series, make_study
-from medload.synthetic.stacks import SHARED_POSITION_KINDS, SharedStacks, make_shared_positions
 from medload.synthetic.spec import COMPRESSED_SYNTAXES, NATIVE_SYNTAXES, PADDING_HU, GeneratedSeries, SeriesSpec
+from medload.synthetic.stacks import SHARED_POSITION_KINDS, SharedStacks, make_shared_positions
 
 __all__ = [
     "SeriesSpec",

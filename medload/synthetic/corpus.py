@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pydicom
-from pydicom.uid import (ExplicitVRBigEndian, ImplicitVRLittleEndian, JPEG2000Lossless, JPEGLSLossless,
-                         RLELossless)
+from pydicom.uid import ExplicitVRBigEndian, ImplicitVRLittleEndian, JPEG2000Lossless, JPEGLSLossless, RLELossless
 
 from medload.synthetic import broken
 from medload.synthetic.series import make_series

@@ -8,10 +8,12 @@ from pydicom import Dataset
 from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian
 
 from medload.errors import RemoteSourceError
+from medload.extras import require
 from medload.pacs.dimse import DimseClient
 
-from pynetdicom import build_context  # noqa: I001  (after medload.pacs.dimse, which names the extra when missing)
-from pynetdicom.status import code_to_category
+require("pynetdicom", "pacs", "Storing to a dimse:// PACS (C-STORE)")
+from pynetdicom import build_context  # noqa: E402
+from pynetdicom.status import code_to_category  # noqa: E402
 
 __all__ = ["DimseStoreClient"]
 

@@ -75,14 +75,14 @@ def find_source_series(pacs: PacsConnection, record: SeriesRecord, pseudo: Pseud
     except InputProblem as exc:
         raise WritebackError(f"{pacs.base}: series {record.key[:12]} was found but its instances cannot be listed: "
                              f"{exc.reason}") from None
-    with tempfile.TemporaryDirectory(prefix="medload-writeback-") as tmp:
-        with Spool(Path(tmp) / "spool", pseudo, len(instances)) as spool:
-            failed = pacs.retrieve([(ref, instances)], spool, lambda n: None).get(ref.series, [])
-            if failed:
-                raise WritebackError(f"{pacs.base}: {len(failed)} of {len(instances)} instance(s) of series "
-                                     f"{record.key[:12]} could not be retrieved (e.g. {failed[0][1]}): retry later")
-            headers = _volume_headers(spool.path, record, pseudo, cfg)
-            return SourceSeries(ref, tuple(_dataset(h, pseudo) for h in headers))
+    with tempfile.TemporaryDirectory(prefix="medload-writeback-") as tmp, \
+            Spool(Path(tmp) / "spool", pseudo, len(instances)) as spool:
+        failed = pacs.retrieve([(ref, instances)], spool, lambda n: None).get(ref.series, [])
+        if failed:
+            raise WritebackError(f"{pacs.base}: {len(failed)} of {len(instances)} instance(s) of series "
+                                 f"{record.key[:12]} could not be retrieved (e.g. {failed[0][1]}): retry later")
+        headers = _volume_headers(spool.path, record, pseudo, cfg)
+        return SourceSeries(ref, tuple(_dataset(h, pseudo) for h in headers))
 
 
 def _find_series(pacs: PacsConnection, record: SeriesRecord, pseudo: Pseudonymizer, query: dict[str, str]) -> SeriesRef:

@@ -23,12 +23,20 @@ from pydicom import Dataset
 from pydicom.filebase import DicomBytesIO
 
 from medload.errors import ConfigError, RemoteSourceError
+from medload.extras import require
 from medload.pacs.dicomweb import _TRANSIENT, DicomWebClient, InstanceRef, SeriesRef, _describe, _Transient
-from medload.pacs.endpoint import (is_dicomweb_url, is_dimse_url, load_credentials, parse_dimse_endpoint,
-                                   parse_endpoint, tls_context)
+from medload.pacs.endpoint import (
+    is_dicomweb_url,
+    is_dimse_url,
+    load_credentials,
+    parse_dimse_endpoint,
+    parse_endpoint,
+    tls_context,
+)
 from medload.pacs.ingest import RetrieveOptions, _Wado
 
-import httpx  # noqa: I001  (after medload.pacs.dicomweb, which names the [dicomweb] extra when it is missing)
+require("httpx", "dicomweb", "Storing to a dicomweb:// PACS (STOW-RS)")
+import httpx  # noqa: E402
 
 if TYPE_CHECKING:
     from medload.pacs.dimse import DimseClient
