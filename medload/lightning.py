@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from medload.data import (
     AugmentConfig,
@@ -96,14 +97,15 @@ class StoreDataModule(lightning.LightningDataModule):
                               f"dataset; got {sampler!r}")
         self.store = store
         self.context, self.depth, self.stride = (1 if context is None and depth is None else context), depth, stride
-        self.dataset_options = {"plane": plane, "labels": labels, "modality": modality, "kernel": kernel,
-                        "thickness": thickness}
+        self.dataset_options: dict[str, Any] = {"plane": plane, "labels": labels, "modality": modality,
+                                                "kernel": kernel, "thickness": thickness}
         self.keys = keys
         self.batch_size, self.num_workers, self.window = batch_size, num_workers, window
         self.augment, self.sampler, self.val_fraction, self.seed = augment, sampler, val_fraction, seed
         self.device, self.loader_options = device, dict(loader_options or {})
         self.split: PatientSplit | None = None
-        self.train_dataset = self.val_dataset = None
+        self.train_dataset: SliceDataset | SlabDataset | None = None
+        self.val_dataset: SliceDataset | SlabDataset | None = None
 
     def setup(self, stage: str | None = None) -> None:
         """Open the store, split its patients and build the datasets (once; later calls keep them)."""
@@ -136,9 +138,13 @@ class StoreDataModule(lightning.LightningDataModule):
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _dataset(self, keys) -> SliceDataset | SlabDataset:
+        store = self.store
+        if not isinstance(store, Store):
+            raise ConfigError("call setup() first (Trainer.fit does): it opens the store")
         if self.depth is not None:
-            return SlabDataset(self.store, self.depth, self.stride, keys=keys, **self.dataset_options)
-        return SliceDataset(self.store, self.context, keys=keys, **self.dataset_options)
+            return SlabDataset(store, self.depth, self.stride, keys=keys, **self.dataset_options)
+        # without depth, __init__ set context (1 by default)
+        return SliceDataset(store, cast(int, self.context), keys=keys, **self.dataset_options)
 
     def _built(self, dataset):
         """``dataset`` once ``setup()`` has run, and the sampler fits the trainer's processes."""

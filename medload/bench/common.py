@@ -178,6 +178,7 @@ class OtherLoad:
         self.share: float | None = None
 
     def __enter__(self) -> OtherLoad:
+        self._start: tuple[float, int, int] | None
         try:
             self._start = (time.monotonic(), _busy_ticks(), _tree_ticks())
         except OSError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from medload.data import SlabDataset, SliceDataset
+from medload.data.datasets import _StoreDataset
 
 __all__ = ["COUNTERS", "CountedSlices", "CountedSlabs", "counted_now"]
 
@@ -30,7 +31,7 @@ def counted_now(store) -> torch.Tensor:
                          l2.get("hits", 0), (stats.get("l3") or {}).get("hits", 0)), dtype=torch.int64)
 
 
-class _CountedReads:
+class _CountedReads(_StoreDataset):  # a mixin: the MRO puts SliceDataset/SlabDataset after it
     counters: torch.Tensor
 
     def read_batch(self, indices, image, label) -> None:

@@ -25,6 +25,7 @@ import sys
 import traceback
 from importlib import import_module
 from pathlib import Path
+from typing import IO, cast
 
 __all__ = ["ForkServer"]
 
@@ -36,7 +37,9 @@ class ForkServer:
         self.modules = list(modules)
         self.proc = subprocess.Popen([sys.executable, "-m", "medload.bench.forkserver", *self.modules],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-        ready = self.proc.stdout.readline().strip()
+        # both are pipes (PIPE above), never None
+        self._stdin, self._stdout = cast(IO[str], self.proc.stdin), cast(IO[str], self.proc.stdout)
+        ready = self._stdout.readline().strip()
         if ready != "ready":
             self.close()
             raise RuntimeError(f"fork server for {self.modules} did not start ({ready or 'no answer'})")
@@ -48,24 +51,24 @@ class ForkServer:
     def run(self, target: str, arg: str, log: Path, timeout: float) -> tuple[int | None, bool]:
         """Fork a child that calls ``target(arg)``; wait at most ``timeout`` s (then kill it).
         Returns (exit code or None, timed out)."""
-        self.proc.stdin.write(json.dumps({"target": target, "arg": arg, "log": str(log)}) + "\n")
-        self.proc.stdin.flush()
-        child = json.loads(self.proc.stdout.readline())["pid"]
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        self._stdin.write(json.dumps({"target": target, "arg": arg, "log": str(log)}) + "\n")
+        self._stdin.flush()
+        child = json.loads(self._stdout.readline())["pid"]
+        ready, _, _ = select.select([self._stdout], [], [], timeout)
         timed_out = not ready
         if timed_out:
             try:
                 os.kill(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        line = self.proc.stdout.readline()
+        line = self._stdout.readline()
         if not line:
             raise RuntimeError(f"fork server for {self.modules} ended (exit status {self.proc.poll()})")
         return json.loads(line)["exit"], timed_out
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            self.proc.stdin.close()
+            self._stdin.close()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

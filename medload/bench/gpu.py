@@ -169,7 +169,7 @@ def measure(prep: Prepared, device: str = "cuda", *, batch_size: int = 8, num_wo
 
     dev = torch.device(device)
     clock = _Clock(dev)
-    measures = []
+    measures: list[dict] = []
     parts = [("H2D bandwidth", lambda: _h2d(dev, clock) if dev.type == "cuda" else [
         {"name": "H2D bandwidth", "status": "skipped", "text": "skipped: needs a CUDA device"}])]
     parts.append(("training step", lambda: _train(prep, dev, clock, batch_size=batch_size, num_workers=num_workers,

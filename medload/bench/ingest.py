@@ -39,11 +39,15 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from multiprocessing import Pool
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from medload.bench.common import spread, tree_bytes
 from medload.config import affinity_cores
+
+if TYPE_CHECKING:
+    from distributed import LocalCluster
 
 __all__ = ["IngestContender", "contenders", "run_ingest", "make_data", "replicate", "main"]
 
@@ -159,7 +163,7 @@ def _started_cluster(stack: ExitStack, workers: int) -> str:
 
     from medload.ingest.cluster import local_cluster
 
-    cluster = stack.enter_context(local_cluster(workers))
+    cluster = cast("LocalCluster", stack.enter_context(local_cluster(workers)))  # what local_cluster starts
     client = stack.enter_context(Client(cluster))
     client.run(importlib.import_module, "medload.ingest.dask_engine")
     return cluster.scheduler_address
@@ -241,10 +245,10 @@ def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: 
     dicom_bytes = sum(p.stat().st_size for p in files)
     mb = dicom_bytes / 1e6
     plan = contenders(src, work, cores=ncores, codecs=codecs, timeout=timeout)
-    rows = []
+    rows: list[dict[str, Any]] = []
     with progress_bar("ingest runs", len(plan) * (warmup + repeats), enabled=progress) as advance:
         for c in plan:
-            row = {"contender": c.name, "cores": c.cores, "status": "ok", "error": None}
+            row: dict[str, Any] = {"contender": c.name, "cores": c.cores, "status": "ok", "error": None}
             try:
                 results = []
                 for n in range(warmup + repeats):
@@ -274,7 +278,7 @@ def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: 
             r["ratios"][short] = own / peer if own and peer else None
     store = work / "store1"
     nii = work / "nii"
-    sizes = {"dicom_mb": mb, "store_codec": CODEC,
+    sizes: dict[str, Any] = {"dicom_mb": mb, "store_codec": CODEC,
              "store_mb": tree_bytes(store) / 1e6 if store.exists() else None,
              "nii_mb": tree_bytes(nii) / 1e6 if nii.exists() and any(nii.iterdir()) else None}
     sizes["store_x_dicom"] = sizes["store_mb"] / mb if sizes["store_mb"] and mb else None
@@ -341,8 +345,8 @@ def main(argv: list[str] | None = None) -> None:
     from medload.bench.report import print_tables, section_tables
 
     codecs = tuple(dict.fromkeys([CODEC, *(args.codec or ["raw"])]))
-    with tempfile.TemporaryDirectory(prefix="medload-bench-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="medload-bench-") as tmp_name:
+        tmp = Path(tmp_name)
         os.environ.setdefault("MEDLOAD_KEY_FILE", str(tmp / "bench.key"))
         src = args.data or make_data(tmp, args.series, args.slices)
         if args.replicate:

@@ -28,10 +28,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from medload.bench.common import peak_pss, spread, tree_bytes
 from medload.bench.loading_data import KINDS, Prepared, prepare, warm_page_cache
 from medload.bench.peers import CEILINGS, CONTENDERS, INT16, MEDLOAD, PeerUnavailable, resolve
+from medload.errors import ConfigError
+
+if TYPE_CHECKING:
+    from medload.bench.forkserver import ForkServer
 
 __all__ = ["Settings", "Servers", "run_contender", "run_loading", "BATCH_SIZE", "REFERENCE", "main"]
 
@@ -66,15 +71,16 @@ def run_contender(name: str, prep: Prepared, *, batch_size: int, num_workers: in
     dev = torch.device(device)
     dtype = torch.int16 if name in INT16 else torch.float32
     shape = (batch_size, *prep.sample_shape)
-    t0 = time.perf_counter()
+    setup_t0 = time.perf_counter()
     loader = resolve(name)(prep, batch_size, num_workers, device)
-    setup = time.perf_counter() - t0
+    setup = time.perf_counter() - setup_t0
     if pss_root is not None:
         pss.append(tree_pss_mb(pss_root))
     seconds, samples = [], []
     for _ in range(repeats):
         it = iter(loader)
-        n, timed, t0 = 0, 0, None
+        n, timed = 0, 0
+        t0: float | None = None  # when the timed batches began (after the warm-up)
         w0 = time.perf_counter()
         try:
             while timed < batches:
@@ -94,6 +100,8 @@ def run_contender(name: str, prep: Prepared, *, batch_size: int, num_workers: in
                 timed += t0 is not None
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
+            if t0 is None:  # the loop times at least one batch unless none was asked for
+                raise ConfigError(f"batches must be >= 1, got {batches}")
             seconds.append(time.perf_counter() - t0)
             samples.append(timed * batch_size)
             if pss_root is not None:
@@ -151,7 +159,7 @@ class Servers:
     def __init__(self, modules: dict[str, list[str]] | None = None) -> None:
         self.modules = SERVER_MODULES if modules is None else modules
         self.group: str | None = None
-        self.server = None
+        self.server: ForkServer | None = None
 
     def get(self, group: str):
         from medload.bench.forkserver import ForkServer
@@ -269,7 +277,7 @@ def run_loading(prep: Prepared, work: Path, *, contenders: Sequence[str] = tuple
     finally:
         if own:
             servers.close()
-    _ratios(rows)
+    _ratios(cast("list[dict]", rows))  # every row is filled by now
     return {"status": "ok", "kind": prep.kind, "sample_shape": list(prep.sample_shape), "depth": prep.depth,
             "rows_px": prep.rows, "cols_px": prep.cols, "batch_size": settings.batch_size,
             "series": len(prep.series), "slices": [s.depth for s in prep.series],

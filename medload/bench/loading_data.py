@@ -156,7 +156,8 @@ def series_folders(records: list, sources: Sequence[Path], out: Path) -> tuple[d
     InstanceNumber order), found by matching slice positions; and, if MONAI's PydicomReader (which stacks
     a folder by InstanceNumber) would not read the stored volume of every series, why not."""
     groups = _dicom_headers(sources)
-    folders, problems = {}, Counter()
+    folders: dict[str, str] = {}
+    problems: Counter[str] = Counter()
     for rec in records:
         pos = np.asarray(rec.positions, dtype=np.float64)
         match = None
@@ -231,13 +232,13 @@ def prepare_from(root: str | os.PathLike, sources: Sequence[str | os.PathLike], 
     depth = depth or KINDS[kind]
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    sources = [Path(s) for s in sources]
+    source_paths = [Path(s) for s in sources]
     key_file = key_file or root / "bench.key"
     if stores is None:
         stores = (root / "store", root / "store_u8" if u8 else None)
-        ingest_into(sources, stores[0], key_file)
+        ingest_into(source_paths, stores[0], key_file)
         if stores[1] is not None:
-            ingest_into(sources, stores[1], key_file, windows=("soft_tissue",))
+            ingest_into(source_paths, stores[1], key_file, windows=("soft_tissue",))
     store = open_store(stores[0], cache=0)
     records = store.series()
     truth = None
@@ -255,12 +256,12 @@ def prepare_from(root: str | os.PathLike, sources: Sequence[str | os.PathLike], 
         chosen, note = choose_series(records, depth, max_series)
         if not chosen:
             raise PeerUnavailable(note)
-        dicom_dirs, monai_note = series_folders(chosen, sources, root / "series") if monai else ({}, None)
+        dicom_dirs, monai_note = series_folders(chosen, source_paths, root / "series") if monai else ({}, None)
     if not monai:
         monai_note = "not prepared for this benchmark"
     out = []
     for i, rec in enumerate(chosen):
-        path = None
+        npy_path = None
         if npy or truth is not None:
             volume = store.read(rec.key)
             if truth is not None and not np.array_equal(volume, truth[i]):
@@ -270,8 +271,8 @@ def prepare_from(root: str | os.PathLike, sources: Sequence[str | os.PathLike], 
                 path.parent.mkdir(exist_ok=True)
                 if not path.exists():
                     np.save(path, volume)
-                path = str(path)
-        out.append(PreparedSeries(rec.key, dicom_dirs.get(rec.key), path, rec.shape[0]))
+                npy_path = str(path)
+        out.append(PreparedSeries(rec.key, dicom_dirs.get(rec.key), npy_path, rec.shape[0]))
     rng = np.random.default_rng(seed)
     index = rng.integers(len(out), size=samples)
     z0 = np.array([rng.integers(out[s].depth - depth + 1) for s in index], np.int64)

@@ -137,9 +137,10 @@ class NpySamples(Dataset):
 
 
 def npy_memmap(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
-    if any(s.npy is None for s in prep.series):
+    npys = [s.npy for s in prep.series if s.npy is not None]
+    if len(npys) < len(prep.series):
         raise PeerUnavailable("no .npy volumes were prepared")
-    dataset = NpySamples([s.npy for s in prep.series], prep.series_index, prep.z0, prep.depth, prep.sample_shape)
+    dataset = NpySamples(npys, prep.series_index, prep.z0, prep.depth, prep.sample_shape)
     return device_batches(dataset, batch_size, num_workers, device)
 
 
@@ -246,10 +247,12 @@ def _medload(prep: Prepared, batch_size: int, num_workers: int, device: str, pla
         raise PeerUnavailable(f"not available yet: medload.data ({exc})") from exc
     from medload.storage.store import open_store
 
-    if plane is not None and prep.store_u8 is None:
+    path = prep.store if plane is None else prep.store_u8
+    if path is None:
         raise PeerUnavailable("no store with stored uint8 planes was prepared")
-    store = open_store(prep.store if plane is None else prep.store_u8, cache=L1_BUDGET)
+    store = open_store(path, cache=L1_BUDGET)
     keys = [s.key for s in prep.series]
+    ds: CountedSlabs | CountedSlices
     if prep.kind == "3d":
         ds = CountedSlabs(store, depth=prep.depth, stride=1, plane=plane, labels=False, keys=keys)
         first = prep.z0

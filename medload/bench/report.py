@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = ["TableSpec", "section_tables", "print_tables", "readme_tables", "plot", "display_name", "fmt_rate",
            "fmt_ratio", "fmt_int", "fmt_pct", "fmt_s"]
@@ -119,7 +120,8 @@ def _order(rows: list[dict]) -> list[dict]:
 
 
 def _loading_table(sec: dict) -> TableSpec:
-    kind = KIND_LABEL.get(sec.get("kind"), sec.get("kind"))
+    key: Any = sec.get("kind")  # "2.5d"/"3d", or None in a section that failed early
+    kind = KIND_LABEL.get(key, key)
     if sec.get("status") != "ok":
         return TableSpec(f"{kind} loading", ["section"], [[_status(sec)]], [sec.get("status") == "failed"])
     shape = " x ".join(str(n) for n in sec["sample_shape"])

@@ -257,7 +257,7 @@ def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[s
                                         generated=gen[:n], u8=False, npy=False, monai=False, key_file=key)
 
         points = [(n, scaling_point(n)) for n in scaling_points]
-        notes = []
+        notes: list[str] = []
     else:
         data = Path(data)
         if "ingest" in sections:

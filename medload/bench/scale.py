@@ -148,7 +148,8 @@ def prepare_scale(root: Path, settings: ScaleSettings, *, key_file: Path, progre
     shutil.rmtree(root / "dicom")
     store = open_store(root / "store", cache=0)
     records = [r for r in store.series() if r.shape[0] >= 3]
-    formats, series = {}, []
+    formats: dict[str, str] = {}
+    series: list[PreparedSeries] = []
     with progress_bar("scale data: peers' formats", len(records), enabled=progress) as advance:
         for i, rec in enumerate(records):
             volume = store.read(rec.key)

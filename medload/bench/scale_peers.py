@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -96,6 +96,10 @@ class _Samples(Dataset):
     def __len__(self) -> int:
         return len(self.z0)
 
+    def _open_series(self, s: int) -> Any:
+        """Series ``s`` as an array-like of ``(slices, rows, columns)`` HU (each format opens its own)."""
+        raise NotImplementedError
+
     def _handle(self, s: int):
         if s not in self._open:
             self._open[s] = self._open_series(s)
@@ -154,7 +158,9 @@ def monai_cache_thread(prep: Prepared, batch_size: int, num_workers: int, device
     per_sample = Compose([ScaleIntensityRanged(keys="image", a_min=low, a_max=high, b_min=0.0, b_max=1.0, clip=True),
                           EnsureTyped(keys="image", data_type="tensor", track_meta=False)])
     dataset = _CachedStacks(volumes, prep, per_sample)
-    loader = ThreadDataLoader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False)
+    # MONAI annotates a monai.data.Dataset, but hands any torch Dataset to torch's DataLoader
+    loader = ThreadDataLoader(dataset, batch_size=batch_size, num_workers=num_workers,  # type: ignore[arg-type]
+                              shuffle=False)
     return _OnDevice(loader, device)
 
 

@@ -7,11 +7,13 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from medload.bench.loading_data import Prepared
     from medload.bench.run import BenchConfig
 
 __all__ = ["say", "Clock", "guarded", "loading_settings", "samples_per_pass", "ingest_section", "loading_section",
@@ -94,13 +96,13 @@ def loading_section(prep_fn, work: Path, cfg: BenchConfig, device: str, progress
     return sec, prep
 
 
-def scaling_section(points: list[tuple[int, object]], work: Path, cfg: BenchConfig, device: str, progress: bool,
-                     notes: list[str], servers) -> dict:
+def scaling_section(points: list[tuple[int, Callable[[], Prepared]]], work: Path, cfg: BenchConfig, device: str,
+                    progress: bool, notes: list[str], servers) -> dict:
     """``points``: (number of series, a zero-argument function preparing its store), in growing order."""
     from medload.bench.common import tree_bytes
     from medload.bench.loading import run_loading
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n, prep_fn in points:
         try:
             prep = prep_fn()

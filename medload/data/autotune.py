@@ -264,11 +264,11 @@ def measure_costs(dataset, batch_size: int, device: torch.device, *, window=None
     order = _measure_order(dataset, batch_size, seed)
     kw = {"window": window, "augment": augment, "dtype": dtype}
     reads, trainer, share = _timed_pass(dataset, order, batch_size, device, skip_first=True, **kw)
-    warm_reads = ()
+    warm_reads: tuple[float, ...] = ()
     if warm and len(order) > batch_size:
         again = order[batch_size : (len(reads) + 1) * batch_size]
-        warm, _, share = _timed_pass(dataset, again, batch_size, device, skip_first=False, **kw)
-        warm_reads = tuple(warm)
+        warm_times, _, share = _timed_pass(dataset, again, batch_size, device, skip_first=False, **kw)
+        warm_reads = tuple(warm_times)
     return LoaderCosts(read=tuple(reads), trainer=trainer, cores=free_cores(), warm_read=warm_reads, cpu_share=share)
 
 

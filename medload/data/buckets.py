@@ -20,7 +20,8 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
+from typing import cast
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -107,7 +108,7 @@ class ShapeBucketBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         if self.n_buckets <= 1:
-            n = len(self.sampler)
+            n = len(cast(Sized, self.sampler))  # samplers of a loader have a length (as torch's DataLoader needs)
             return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         per_bucket = np.bincount(self.buckets[self._draw()], minlength=self.n_buckets)
         full = per_bucket // self.batch_size

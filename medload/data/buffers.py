@@ -26,9 +26,10 @@ class PinnedStaging:
         nbytes = host.numel() * host.element_size()
         if self._events[i] is not None:
             self._events[i].synchronize()
-        if self._buffers[i] is None or self._buffers[i].numel() < nbytes:
-            self._buffers[i] = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
-        staged = self._buffers[i][:nbytes].view(host.dtype).view(host.shape)
+        buffer = self._buffers[i]
+        if buffer is None or buffer.numel() < nbytes:
+            buffer = self._buffers[i] = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        staged = buffer[:nbytes].view(host.dtype).view(host.shape)
         staged.copy_(host)
         out = staged.to(device, non_blocking=True)
         self._events[i] = torch.cuda.Event()

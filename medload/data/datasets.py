@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -73,6 +74,32 @@ class _StoreDataset(torch.utils.data.Dataset):
                             if self.labels else None)
         self.foreground = self._foreground() if self.labels else None
 
+    # ---- what each kind of sample defines (SliceDataset, SlabDataset) ------------------------------
+    def _sample_foreground(self, per_slice: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """Per sample starting at ``z``: whether its label has foreground, from ``per_slice``."""
+        raise NotImplementedError
+
+    def _item_shape(self, h: int, w: int) -> tuple[int, ...]:
+        """The shape of one image sample of an ``h`` x ``w`` series."""
+        raise NotImplementedError
+
+    def _label_shape(self, h: int, w: int) -> tuple[int, ...]:
+        """The shape of one label sample of an ``h`` x ``w`` series."""
+        raise NotImplementedError
+
+    def _span(self, rec: SeriesRecord, z: int) -> tuple[int, int]:
+        """The slices ``[a, e)`` of ``rec`` that the sample at ``z`` reads."""
+        raise NotImplementedError
+
+    def _read_item(self, i: int, image: np.ndarray) -> None:
+        """Sample ``i``'s image into ``image``, in the stored dtype."""
+        raise NotImplementedError
+
+    def _item_planes(self, i: int) -> list[np.ndarray]:
+        """Sample ``i``'s planes as a list of (H, W) arrays."""
+        raise NotImplementedError
+
+    # ---- labels and foreground ------------------------------------------------------------------
     def _slice_foreground(self, key: str) -> np.ndarray:
         """Per slice of a series: whether its label has any foreground voxel."""
         return np.asarray(self._label_records[key].foreground, dtype=np.int64).reshape(-1, max(
@@ -125,7 +152,8 @@ class _StoreDataset(torch.utils.data.Dataset):
         for h, w in {tuple(x) for x in self._hw.tolist()}:
             nbytes = int(np.prod(self._item_shape(h, w))) * self.dtype.itemsize
             if self.labels:
-                nbytes += int(np.prod(self._label_shape(h, w))) * self.label_dtype.itemsize
+                label_dtype = cast(np.dtype, self.label_dtype)  # set whenever the dataset has labels
+                nbytes += int(np.prod(self._label_shape(h, w))) * label_dtype.itemsize
             most = max(most, nbytes)
         return most * batch_size
 
@@ -199,7 +227,7 @@ class _StoreDataset(torch.utils.data.Dataset):
         rec, z = self._sample(i)
         affine = torch.from_numpy(self.item_affine(i))
         meta = self.sample_meta(i)
-        out = {"image": MetaTensor(torch.from_numpy(batch["image"][0]), affine=affine, meta=dict(meta))}
+        out: dict[str, Any] = {"image": MetaTensor(torch.from_numpy(batch["image"][0]), affine=affine, meta=dict(meta))}
         if self.labels:
             out["label"] = MetaTensor(torch.from_numpy(batch["label"][0]), affine=affine.clone(), meta=dict(meta))
         out.update(key=rec.key, z=z, index=i)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -37,6 +38,9 @@ from medload.data.buckets import ShapeBucketBatchSampler, shape_buckets
 from medload.data.buffers import PinnedStaging, Recycler
 from medload.data.readahead import ReadAhead
 from medload.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.utils.data._utils.worker import WorkerInfo
 
 __all__ = ["make_loader", "DeviceLoader"]
 
@@ -164,11 +168,12 @@ class _SlotDataset(torch.utils.data.Dataset):
                               self.dataset.label_dtype)
         meta = {"slot": batch.slot, "image_shape": image_shape, "label_shape": label_shape,
                 "index": list(batch)}  # plain ints: a tensor would cross from a worker through new shared memory
-        if self.cast_to is None:
+        recycler = self.recycler  # set exactly when cast_to is
+        if self.cast_to is None or recycler is None:
             self.dataset.read_batch(batch, image, label)
             return meta
         dtype, scale = self.cast_to
-        floats = meta["image"] = self.recycler.empty(torch.Size(image_shape), dtype)
+        floats = meta["image"] = recycler.empty(torch.Size(image_shape), dtype)
         step = max(1, _CACHED_BYTES // (floats[0].numel() * floats.element_size()))
         for i in range(0, len(batch), step):
             self.dataset.read_batch(batch[i : i + step], floats[i : i + step].numpy(),
@@ -177,7 +182,7 @@ class _SlotDataset(torch.utils.data.Dataset):
         return meta
 
 
-def _pass_through(batch: dict) -> dict:
+def _pass_through(batch: Any) -> Any:  # the meta dict of _SlotDataset.__getitems__, not a list of samples
     return batch
 
 
@@ -237,7 +242,7 @@ class DeviceLoader:
                  tuning=None, meta: bool = False) -> None:
         self.loader, self.buffers, self.device, self.window, self.dtype, self.augment = (
             loader, buffers, device, window, dtype, augment)
-        self.dataset = loader.dataset.dataset
+        self.dataset = cast(_SlotDataset, loader.dataset).dataset  # make_loader builds it over a _SlotDataset
         self.meta = meta
         self.tuning, self.profiler = tuning, None
         self._scale = _Scale(self.dataset.plane, window)
@@ -252,7 +257,7 @@ class DeviceLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the sampler and the augmentation (reproducible per epoch)."""
-        self.loader.batch_sampler.set_epoch(epoch)
+        cast(_SlotBatchSampler, self.loader.batch_sampler).set_epoch(epoch)
         if hasattr(self.augment, "set_epoch"):
             self.augment.set_epoch(epoch)
 
@@ -300,7 +305,7 @@ class DeviceLoader:
                 mark("step")
             # hold no reference to the batch just handed out: once the caller drops it, its buffer is free
             # for the next (medload.data.buffers.Recycler)
-            out = image = label = meta = None
+            del out, image, label, meta
 
     def _transfer(self, host: torch.Tensor) -> torch.Tensor:
         """The slot's array on the device, in its stored dtype (int16/uint8), no longer using the slot."""
@@ -479,6 +484,7 @@ class _WorkerL1:
 
             from medload.cache.lru import cap_shared
 
-            store = torch.utils.data.get_worker_info().dataset.dataset.store
+            info = cast("WorkerInfo", torch.utils.data.get_worker_info())  # None only outside a worker
+            store = cast(_SlotDataset, info.dataset).dataset.store
             store.cache = replace(store.cache, l1_bytes=self.budget)
             cap_shared(self.budget)  # the L1 a forked worker inherits has the trainer's budget

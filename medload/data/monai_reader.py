@@ -10,10 +10,12 @@ This is not NibabelReader's ``(x, y, z)`` order: the same voxels, transposed, wi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from monai.config import PathLike
 from monai.data import ImageReader
 from monai.utils import MetaKeys, SpaceKeys
 
@@ -45,12 +47,12 @@ class MedloadReader(ImageReader):
         self.cache = cache
         self._stores: dict[Path, Store] = {}
 
-    def verify_suffix(self, filename: Sequence[str] | str) -> bool:
-        names = [filename] if isinstance(filename, str) else list(filename)
+    def verify_suffix(self, filename: Sequence[PathLike] | PathLike) -> bool:
+        names = [filename] if isinstance(filename, (str, os.PathLike)) else list(filename)
         return bool(names) and all(is_item_uri(n) for n in names)
 
-    def read(self, data: Sequence[str] | str, **kwargs) -> list[ItemRef] | ItemRef:
-        refs = [parse_item_uri(d) for d in ([data] if isinstance(data, str) else data)]
+    def read(self, data: Sequence[PathLike] | PathLike, **kwargs) -> list[ItemRef] | ItemRef:
+        refs = [parse_item_uri(d) for d in ([data] if isinstance(data, (str, os.PathLike)) else data)]
         return refs if len(refs) > 1 else refs[0]
 
     def _store(self, path: Path) -> Store:

@@ -107,7 +107,7 @@ class _Probe:
             finally:
                 probe.decode += perf_counter() - t0
 
-        Store._planes, Store._scan, SliceCodec.decompress_into = timed_read, timed_scan, timed_decompress
+        _patch(Store, SliceCodec, (timed_read, timed_scan, timed_decompress))
 
     def uninstall(self) -> None:
         if self.saved is None:
@@ -115,8 +115,14 @@ class _Probe:
         from medload.storage.codec import SliceCodec
         from medload.storage.store import Store
 
-        Store._planes, Store._scan, SliceCodec.decompress_into = self.saved
+        _patch(Store, SliceCodec, self.saved)
         self.saved = None
+
+
+def _patch(store: type, codec: type, functions: tuple) -> None:
+    """Set Store._planes, Store._scan and SliceCodec.decompress_into (the probes, or the saved originals)."""
+    for owner, name, function in zip((store, store, codec), ("_planes", "_scan", "decompress_into"), functions):
+        setattr(owner, name, function)
 
 
 _PROBE = _Probe()
@@ -166,7 +172,8 @@ class Profile:
         self.busy: dict[int, float] = {}
         self.cpu: dict[int, float] = {}
         self.batches = self.samples = self.unprofiled = 0
-        self.started, self.stopped = perf_counter(), None
+        self.started = perf_counter()
+        self.stopped: float | None = None
         self._last = self.started
 
     def mark(self, stage: str | None, meta: dict | None = None) -> None:
@@ -336,7 +343,7 @@ class ProfileReport:
     def biggest_stage(self) -> tuple[str, float]:
         """The input stage that costs the loop the most, and its effective seconds."""
         stages = self.input_stages()
-        name = max(stages, key=stages.get)
+        name = max(stages, key=stages.__getitem__)
         return name, stages[name]
 
     @property

@@ -36,14 +36,15 @@ class ReadAhead:
         return {}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__()
+        ReadAhead.__init__(self)
 
     def before(self, dataset, batch) -> None:
         """Call before reading ``batch`` (a loader batch: ``number``, indices, ``ahead``): announces it now
         unless it was announced earlier, and the batches ``ahead`` of it in the background."""
-        if self._pid != os.getpid():  # first call in this process (or a forked child): a thread of its own
+        pool = self._pool
+        if self._pid != os.getpid() or pool is None:  # first call in this process (or a forked child): its own thread
             self._pid, self._announced, self._last = os.getpid(), set(), -1
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="medload-readahead")
+            pool = self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="medload-readahead")
         if batch.number <= self._last:  # a new epoch numbers its batches from 0 again
             self._announced = set()
         self._last = batch.number
@@ -53,7 +54,7 @@ class ReadAhead:
         for number, indices in batch.ahead:
             if number not in self._announced:
                 self._announced.add(number)
-                self._pool.submit(_quietly, dataset, indices)
+                pool.submit(_quietly, dataset, indices)
 
 
 def _quietly(dataset, indices: list[int]) -> None:

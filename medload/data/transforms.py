@@ -23,6 +23,7 @@ from monai.transforms import (
     EnsureChannelFirstd,
     EnsureTyped,
     LoadImaged,
+    MapTransform,
     RandAffined,
     RandFlipd,
     RandGaussianNoised,
@@ -37,7 +38,8 @@ __all__ = ["train_transforms", "val_transforms"]
 
 
 def _load(keys: Sequence[str], window: str | win.Window, cache) -> list:
-    return [LoadImaged(keys=list(keys), reader=MedloadReader(cache), image_only=True),
+    # MONAI's annotation names reader classes only; its docs (and LoadImage) take a reader instance too
+    return [LoadImaged(keys=list(keys), reader=MedloadReader(cache), image_only=True),  # type: ignore[arg-type]
             EnsureChannelFirstd(keys=list(keys)),
             win.scale_intensity(window, keys=keys[0])]
 
@@ -56,7 +58,7 @@ def train_transforms(window: str | win.Window = "soft_tissue", keys: Sequence[st
     image = keys[0]
     modes = ["bilinear"] + ["nearest"] * (len(keys) - 1)
     rotate = (math.radians(15),) if spatial_dims == 2 else (math.radians(15),) * 3
-    augment = [RandFlipd(keys=keys, prob=0.5, spatial_axis=axis) for axis in range(spatial_dims)]
+    augment: list[MapTransform] = [RandFlipd(keys=keys, prob=0.5, spatial_axis=axis) for axis in range(spatial_dims)]
     augment += [
         RandAffined(keys=keys, prob=0.8, rotate_range=rotate, scale_range=(0.1,) * spatial_dims, mode=modes,
                     padding_mode="border"),

@@ -22,6 +22,7 @@ import tarfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pydicom
@@ -34,7 +35,7 @@ from medload.synthetic.spec import GeneratedSeries, SeriesSpec
 __all__ = ["BadInput", "BadCorpus", "write_bad_corpus"]
 
 _SMALL = dict(rows=16, cols=16)
-_ENCAPSULATED = dict(rows=32, cols=32)  # JPEG 2000 needs 32 pixels a side
+_ENCAPSULATED: dict[str, Any] = dict(rows=32, cols=32)  # JPEG 2000 needs 32 pixels a side
 
 
 @dataclass(frozen=True)
@@ -149,9 +150,10 @@ def _file_damage(w: _Writer) -> None:
         pixels = w.rng.choice(16 * 16, int(w.rng.integers(4, 40)), replace=False)
         w.bad(f"damaged/pixel_flip/flip{n:02d}.dcm", broken.flip_sign_bits(w.unique(signed[n % 2]), pixels),
               "pixel flip")
-    bombs = {"rows_cols_65535": dict(Rows=65535, Columns=65535), "rows_40000": dict(Rows=40000),
-             "frames_2g": dict(NumberOfFrames="2147483647"), "frames_99999": dict(NumberOfFrames="99999"),
-             "frames_0": dict(NumberOfFrames="0"), "rows_0": dict(Rows=0), "columns_1": dict(Columns=1, Rows=65535)}
+    bombs: dict[str, dict[str, object]] = {
+        "rows_cols_65535": dict(Rows=65535, Columns=65535), "rows_40000": dict(Rows=40000),
+        "frames_2g": dict(NumberOfFrames="2147483647"), "frames_99999": dict(NumberOfFrames="99999"),
+        "frames_0": dict(NumberOfFrames="0"), "rows_0": dict(Rows=0), "columns_1": dict(Columns=1, Rows=65535)}
     for name, values in bombs.items():
         bomb = pydicom.dcmread(io.BytesIO(w.unique(ds)))
         for keyword, value in values.items():
@@ -259,13 +261,13 @@ def _archives(w: _Writer) -> None:
         with tarfile.open(path, "w:gz" if suffix == "tar.gz" else "w") as t:
             for name in names[:3]:
                 data = w.unique(ds)
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                t.addfile(info, io.BytesIO(data))
+                member = tarfile.TarInfo(name)
+                member.size = len(data)
+                t.addfile(member, io.BytesIO(data))
             for name, kind in zip(names[3:], (tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.FIFOTYPE)):
-                info = tarfile.TarInfo(name)
-                info.type, info.linkname = kind, "/etc/passwd"
-                t.addfile(info)
+                member = tarfile.TarInfo(name)
+                member.type, member.linkname = kind, "/etc/passwd"
+                t.addfile(member)
         w.corpus.bad += [BadInput(f"{path}!{n}", "unsafe member", None) for n in names]
     bomb = folder / "bomb.zip"
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
@@ -273,9 +275,9 @@ def _archives(w: _Writer) -> None:
     w.corpus.bad.append(BadInput(f"{bomb}!zeros.dcm", "zip bomb", None))
     tar_bomb = folder / "bomb.tar.gz"
     with tarfile.open(tar_bomb, "w:gz", compresslevel=9) as t:
-        info = tarfile.TarInfo("zeros.dcm")
-        info.size = 16 << 20
-        t.addfile(info, io.BytesIO(bytes(info.size)))
+        member = tarfile.TarInfo("zeros.dcm")
+        member.size = 16 << 20
+        t.addfile(member, io.BytesIO(bytes(member.size)))
     w.corpus.bad.append(BadInput(str(tar_bomb), "tar.gz bomb", _sha256(tar_bomb.read_bytes())))
 
 
@@ -287,9 +289,10 @@ def _links(w: _Writer) -> None:
     (outside / "secret.dcm").write_bytes(data)
     links = w.corpus.source / "links"
     links.mkdir(parents=True)
-    targets = {"to_outside_file.dcm": outside / "secret.dcm", "to_outside_folder": outside, "to_device": "/dev/zero",
-               "dangling.dcm": outside / "missing.dcm", "loop_a.dcm": links / "loop_b.dcm",
-               "loop_b.dcm": links / "loop_a.dcm"}
+    targets: dict[str, str | Path] = {
+        "to_outside_file.dcm": outside / "secret.dcm", "to_outside_folder": outside, "to_device": "/dev/zero",
+        "dangling.dcm": outside / "missing.dcm", "loop_a.dcm": links / "loop_b.dcm",
+        "loop_b.dcm": links / "loop_a.dcm"}
     for name, target in targets.items():
         os.symlink(target, links / name)
         w.corpus.bad.append(BadInput(str(links / name), "symbolic link", None))

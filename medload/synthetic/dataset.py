@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 
 from medload.errors import ConfigError
 
@@ -17,7 +17,7 @@ __all__ = ["Identity", "synthetic_uid", "new_dataset", "add_identity", "save"]
 MANUFACTURER = "medload-synthetic"
 
 
-def synthetic_uid(*parts: object) -> str:
+def synthetic_uid(*parts: object) -> UID:
     """A UID derived only from ``parts``: the same parts always give the same UID."""
     return generate_uid(entropy_srcs=["medload-synthetic", *(str(p) for p in parts)])
 
@@ -47,8 +47,8 @@ def new_dataset(sop_class_uid: str, sop_instance_uid: str) -> Dataset:
     """An empty dataset with file meta (0002,xxxx), SOPClassUID (0008,0016) and SOPInstanceUID (0008,0018)."""
     ds = Dataset()
     ds.file_meta = FileMetaDataset()
-    ds.file_meta.MediaStorageSOPClassUID = sop_class_uid
-    ds.file_meta.MediaStorageSOPInstanceUID = sop_instance_uid
+    ds.file_meta.MediaStorageSOPClassUID = UID(sop_class_uid)
+    ds.file_meta.MediaStorageSOPInstanceUID = UID(sop_instance_uid)
     ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds.SpecificCharacterSet = "ISO_IR 100"
     ds.SOPClassUID = sop_class_uid

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from pydicom.dataset import Dataset
@@ -101,7 +102,7 @@ def set_pixel_data(ds: Dataset, stored: np.ndarray, transfer_syntax: str) -> Non
     uid = UID(transfer_syntax)
     dtype = np.dtype(np.int16 if ds.PixelRepresentation else np.uint16)
     if uid in NATIVE_SYNTAXES:
-        order = ">" if uid == ExplicitVRBigEndian else "<"
+        order: Literal[">", "<"] = ">" if uid == ExplicitVRBigEndian else "<"
         ds.file_meta.TransferSyntaxUID = uid
         ds.PixelData = stored.astype(dtype.newbyteorder(order)).tobytes()
         return

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pydicom
+from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 from pydicom.uid import RTStructureSetStorage
 
@@ -47,6 +49,7 @@ def _slices(series: GeneratedSeries) -> tuple[list[tuple[str, str, int | None]],
     step of the column index, of the row index, unit normal); and the header of the first file."""
     headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in series.paths]
     first = headers[0]
+    refs: list[tuple[str, str, int | None]]
     if len(headers) == 1 and int(first.get("NumberOfFrames", 1)) > 1:
         refs = [(first.SOPClassUID, first.SOPInstanceUID, k + 1) for k in range(int(first.NumberOfFrames))]
         plane = first.SharedFunctionalGroupsSequence[0]
@@ -114,7 +117,7 @@ def make_rtstruct(
     ds = new_dataset(RTStructureSetStorage, uid)
     for keyword in _COPIED:
         if keyword in first:
-            setattr(ds, keyword, first.data_element(keyword).value)
+            setattr(ds, keyword, cast(DataElement, first.data_element(keyword)).value)  # present: checked above
     ds.Modality = "RTSTRUCT"
     ds.SeriesInstanceUID = synthetic_uid("rtstruct-series", uid)
     ds.SeriesNumber = 900
