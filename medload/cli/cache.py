@@ -19,10 +19,13 @@ def cache() -> None:
     """The hot-shard directory on local SSD (L2): copy shards there, see what it holds, empty it."""
 
 
+def _budgeted(config: MedloadConfig, hot_budget: str | None) -> bool:
+    return hot_budget is not None or config.cache.hot_budget > 0
+
+
 def _hot_config(config: MedloadConfig, hot_dir: Path | None, hot_budget: str | None, max_rate: str | None, *,
                 need_budget: bool = True):
-    budgeted = hot_budget is not None or config.cache.hot_budget > 0
-    if not need_budget and not budgeted:
+    if not need_budget and not _budgeted(config, hot_budget):
         hot_budget = "1"  # looking at or clearing the directory needs no budget: a placeholder the config accepts
     cfg = with_overrides(config.cache, hot_dir=hot_dir, hot_budget=size(hot_budget), max_rate=size(max_rate))
     if cfg.hot_dir is None:
@@ -110,8 +113,7 @@ def status(config: MedloadConfig, store: Path | None, hot_dir: Path | None, hot_
     cfg = _hot_config(config, hot_dir, hot_budget, None, need_budget=False)
     state = HotShards(cfg.hot_dir, cfg.hot_budget).status()
     mine = {s.name for s in open_store(store).manifest.shards} if store else set()
-    budgeted = hot_budget is not None or config.cache.hot_budget > 0
-    of = f"of {state.budget / 1e6:.1f} MB " if budgeted else ""
+    of = f"of {state.budget / 1e6:.1f} MB " if _budgeted(config, hot_budget) else ""
     table = Table(title=f"{state.hot_dir}: {state.used / 1e6:.1f} MB {of}used")
     for col in ("shard", "MB", "last used", *(["in STORE"] if store else [])):
         table.add_column(col)

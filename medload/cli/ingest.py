@@ -133,8 +133,10 @@ def _refuse_swapped(sources: tuple[Path | str, ...], store: Path) -> None:
 
 
 def _a_dicom_file(folder: Path, limit: int = 200) -> Path | None:
-    """A file under ``folder`` with the DICOM Part 10 preamble ("DICM" at byte 128), looking at most ``limit`` files."""
+    """A DICOM Part 10 file under ``folder`` (as ingest's discovery tells one), looking at most ``limit`` files."""
     import os
+
+    from medload.ingest.archives import HEAD_BYTES, content_kind
 
     seen = 0
     for top, _, names in os.walk(folder):
@@ -142,7 +144,7 @@ def _a_dicom_file(folder: Path, limit: int = 200) -> Path | None:
             path = Path(top) / name
             try:
                 with open(path, "rb") as f:
-                    if f.read(132)[128:] == b"DICM":
+                    if content_kind(f.read(HEAD_BYTES)) == "dicom":
                         return path
             except OSError:
                 pass

@@ -102,8 +102,8 @@ def rejects(store: Path, as_json: bool, include_skipped: bool) -> None:
 
     from medload.storage.store import open_store
 
-    opened = open_store(store)
-    records = opened.rejects(include_skipped=include_skipped)
+    everything = open_store(store).rejects(include_skipped=True)
+    records = everything if include_skipped else [r for r in everything if r.status != "skipped"]
     if as_json:
         click.echo(json.dumps([asdict(r) for r in records], indent=1))
         return
@@ -113,7 +113,7 @@ def rejects(store: Path, as_json: bool, include_skipped: bool) -> None:
     for r in records:
         table.add_row(r.status, r.stage, r.source, r.reason)
     console.print(table)
-    skipped = 0 if include_skipped else len(opened.rejects(include_skipped=True)) - len(records)
+    skipped = len(everything) - len(records)
     console.print(f"{len(records)} rejected input(s)" + (f"; {skipped} skipped (not volume images, e.g. Secondary "
                   "Captures): --all lists them too" if skipped else ""))
 

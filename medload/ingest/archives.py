@@ -31,7 +31,7 @@ from typing import BinaryIO, cast
 from medload.errors import ConfigError
 from medload.storage.space import disk_full_is_error, out_of_space
 
-__all__ = ["SourceRef", "DiscoveryProblem", "ArchiveLimits", "Spool", "archive_kind", "scan_archive",
+__all__ = ["content_kind", "SourceRef", "DiscoveryProblem", "ArchiveLimits", "Spool", "archive_kind", "scan_archive",
            "describe", "is_junk", "HEAD_BYTES", "READ_ERRORS"]
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class Spool:
         return tempfile.mkstemp(prefix=f"{self._count:07d}-{digest[:16]}-", suffix=".dcm", dir=self._folder)
 
 
-def _content_kind(head: bytes) -> str | None:
+def content_kind(head: bytes) -> str | None:
     """``dicom``, ``zip``, ``gz``/``bz2``/``xz`` (tar candidates), ``tar`` or None, from the first bytes."""
     if head[128:132] == b"DICM":
         return "dicom"
@@ -148,7 +148,7 @@ def _content_kind(head: bytes) -> str | None:
 def archive_kind(path: str, head: bytes) -> str | None:
     """``zip``, ``tar``, ``gz``, ``bz2`` or ``xz`` if the file at ``path`` starting with ``head`` is an
     archive; None for DICOM (preamble checked first) and anything else."""
-    kind = _content_kind(head)
+    kind = content_kind(head)
     if kind == "dicom":
         return None
     if kind is not None:
@@ -208,7 +208,7 @@ def _archive_reason(count: int, total: int, limits: ArchiveLimits) -> str | None
 
 def _nested(head: bytes) -> str | None:
     """Reason to skip a member whose content is itself an archive."""
-    kind = _content_kind(head)
+    kind = content_kind(head)
     return None if kind in (None, "dicom") else f"nested archive not expanded: {kind} data"
 
 
@@ -347,7 +347,7 @@ def _scan_tar_stream(path: str, compression: str, limits: ArchiveLimits,
     found: list[tuple[str, SourceRef | DiscoveryProblem]] = []
     try:
         with open(path, "rb") as raw, _DECOMPRESSORS[compression](raw) as stream:
-            if _content_kind(stream.read(HEAD_BYTES)) != "tar":  # decompresses, but no (POSIX) tar header
+            if content_kind(stream.read(HEAD_BYTES)) != "tar":  # decompresses, but no (POSIX) tar header
                 yield DiscoveryProblem(path, None, f"{compression} data that is not a tar archive", skipped=True)
                 return
             stream.seek(0)
