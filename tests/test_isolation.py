@@ -75,7 +75,7 @@ def test_faults_come_back_as_lost_inputs_and_the_pool_goes_on():
     assert results[6] == Lost(0, "decoder process killed by signal 6 (SIGABRT)")
     assert results[7] == ["MemoryError", "i"]  # the cap stops the allocation, the worker lives on
     assert CAP <= int(results[8][0]) != resource.RLIM_INFINITY  # the cap (more if the worker inherited much)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 600  # the hung task was stopped, not waited out (it sleeps an hour)
 
 
 def test_tasks_queued_behind_a_crash_run_on_a_new_worker():
