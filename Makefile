@@ -51,4 +51,4 @@ test-fast: $(BIN)/.dev-installed
 	$(BIN)/pytest -q -m "not (slow or dcm2niix or orthanc or dask or torchrun)"
 
 clean:
-	rm -rf stores runs .pytest_cache .hypothesis .site
+	rm -rf stores runs .pytest_cache .hypothesis .site .mypy_cache
