@@ -37,6 +37,9 @@ from pathlib import Path
 
 from medload.errors import ConfigError
 
+if typing.TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -215,7 +218,7 @@ def _annotated_fields(cls: type) -> dict[str, tuple[Field, object]]:
     return {f.name: (f, hints[f.name]) for f in fields(cls)}
 
 
-def _check_fields(config) -> None:
+def _check_fields(config: DataclassInstance) -> None:
     """Set each field of the (frozen) ``config`` to its value converted as its annotation says."""
     for name, (f, hint) in _annotated_fields(type(config)).items():
         value = _convert(getattr(config, name), hint, f.metadata.get("unit"), f"{type(config).__name__}.{name}")
@@ -276,7 +279,8 @@ def _section(table, section: str, where: str):
         unknown = sorted(key for key in table if renamed.get(key, key) not in known)
         if unknown:
             raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
-        values = {}
+        values: dict[str, object] = {}
+        key: str  # TOML keys are strings
         for key, value in table.items():
             name = renamed.get(key, key)
             if name != key:

@@ -15,10 +15,17 @@ __all__ = ["progress_bar"]
 def progress_bar(description: str, total: int, *, enabled: bool) -> Iterator[Callable[[int], None]]:
     """Yield ``advance(n)``; draws a bar with rate and ETA when ``enabled``, else does nothing."""
     if not enabled or total <= 0:
-        yield lambda n=1: None
+        def ignore(n: int = 1) -> None:
+            """No bar: nothing to advance."""
+
+        yield ignore
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
         task = progress.add_task(description, total=total)
-        yield lambda n=1: progress.advance(task, n)
+
+        def advance(n: int = 1) -> None:
+            progress.advance(task, n)
+
+        yield advance

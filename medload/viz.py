@@ -54,8 +54,9 @@ def _class_colour(class_id: int) -> tuple[float, float, float]:
     _need_matplotlib()
     from matplotlib import colormaps
 
-    colours = colormaps["tab10"].colors
-    return colours[(class_id - 1) % len(colours)]
+    tab10 = colormaps["tab10"]
+    r, g, b, _ = tab10((class_id - 1) % tab10.N)  # an int picks that colour of the list (N = 10)
+    return float(r), float(g), float(b)
 
 
 def render(image, window: str | win.Window | None = "soft_tissue", label=None, *, alpha: float = 0.4) -> np.ndarray:
@@ -158,7 +159,10 @@ def _legend(ax: Axes, store: Store, key: str) -> None:
     _need_matplotlib()
     from matplotlib.patches import Patch
 
-    classes = store.labels(key).classes
+    label = store.labels(key)
+    if label is None:
+        raise ConfigError(f"series {key[:12]} has no labels: ingest them with `medload ingest ... --labels`")
+    classes = label.classes
     ax.legend(handles=[Patch(color=_class_colour(int(c)), label=name) for c, name in classes.items()],
               loc="lower right", fontsize="small")
 

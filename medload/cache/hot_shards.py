@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 import xxhash
 
@@ -85,6 +86,10 @@ def _after_fork_child() -> None:
     _background.reset()
 
 
+@overload
+def _open_lock(path: Path, *, block: Literal[True]) -> int: ...
+@overload
+def _open_lock(path: Path, *, block: bool) -> int | None: ...
 def _open_lock(path: Path, *, block: bool) -> int | None:
     """Open ``path`` and flock it exclusively; None if ``block`` is False and another holder has it."""
     with _fd_guard:
@@ -151,7 +156,12 @@ class HotShards:
         self.hot_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.hot_dir / "locks").mkdir(mode=0o700, exist_ok=True)
 
+    @overload
+    def _lock(self, path: Path, *, block: Literal[True]) -> int: ...
+    @overload
+    def _lock(self, path: Path, *, block: bool) -> int | None: ...
     def _lock(self, path: Path, *, block: bool) -> int | None:
+        """The fd of ``path``, flocked (see :func:`_open_lock`): a blocking lock always gets one."""
         try:
             return _open_lock(path, block=block)
         except FileNotFoundError:  # the hot dir was deleted under us: recreate it once
@@ -425,7 +435,8 @@ class _Background:
 
     def reset(self) -> None:
         """Forget the (parent's) thread and queue without touching them."""
-        self.pid, self.lock, self.pending = os.getpid(), threading.Lock(), set()
+        self.pid, self.lock = os.getpid(), threading.Lock()
+        self.pending: set[tuple[Path, str]] = set()  # (hot dir, shard name) queued or being copied
         self.full: set[Path] = set()  # hot dirs whose full disk was reported
         self.queue: queue.SimpleQueue | None = None
 

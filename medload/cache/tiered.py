@@ -94,7 +94,7 @@ class ShardResolver:
             self.hot.fetch_in_background(source / "data.mdb", entry)
         return _Where("l3", source)
 
-    def stats(self) -> dict[str, dict]:
+    def stats(self) -> dict[str, dict[str, int] | None]:
         self._fresh()
         return {"l2": asdict(self.l2) if self.hot is not None else None, "l3": asdict(self.l3)}
 

@@ -73,7 +73,7 @@ def warm(config: MedloadConfig, store: Path, hot_dir: Path | None, hot_budget: s
         raise click.UsageError("give --rank and --world together, e.g. --rank 0 --world 8")
     cfg = _hot_config(config, hot_dir, hot_budget, max_rate)
     st = open_store(store)
-    if rank is not None:
+    if rank is not None and world is not None:  # given together (checked above)
         from medload.data.distributed import shards_for_rank
 
         records = [st.record(k) for k in series_keys] if series_keys else st.series()

@@ -64,7 +64,8 @@ def _explain(exc: BaseException) -> tuple[str, int]:
         return str(exc), ERROR
     if isinstance(exc, OSError) and exc.strerror:
         where = " ".join(f"{name}" for name in (exc.filename, exc.filename2) if name is not None)
-        advice = _OS_ADVICE.get(exc.errno, "check the path and the disk")
+        default = "check the path and the disk"
+        advice = default if exc.errno is None else _OS_ADVICE.get(exc.errno, default)
         return f"{exc.strerror}{': ' + where if where else ''}: {advice}", ERROR
     if type(exc).__module__ == "lmdb":
         return (f"LMDB: {exc}: a file of the store may be damaged or unreadable: run `medload verify` on the "

@@ -39,8 +39,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from time import perf_counter, process_time
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from medload.data.autotune import LoaderTuning
 
 __all__ = ["profile", "profile_training", "Profile", "ProfileReport", "timed_batch", "STAGE_LABELS"]
 
@@ -246,7 +250,8 @@ def profile(loader) -> Iterator[Profile]:
 
 def profile_training(store, *, batch_size: int = 4, num_workers: int | str = 0, steps: int = 20,
                      window: str | None = "soft_tissue", context: int = 1, device: str | torch.device = "cpu",
-                     model: str = "small", augment: bool = False, seed: int = 0) -> tuple[ProfileReport, object]:
+                     model: str = "small", augment: bool = False, seed: int = 0
+                     ) -> tuple[ProfileReport, LoaderTuning | None]:
     """Profile ``steps`` training steps of the 2.5D pipeline on ``store`` (what ``medload profile`` runs):
     :class:`~medload.data.SliceDataset` -> :func:`~medload.data.make_loader` (optionally
     :class:`~medload.data.BatchAugment`) -> the UNet step of ``pipelines/train_segmentation.py``

@@ -81,9 +81,9 @@ def _stored_classes(records: Sequence[LabelRecord]) -> dict[str, int]:
                                   f"{name!r} in series {rec.key[:12]}: give a label map (--label-map map.json) "
                                   f"such as {_suggestion(records)}")
     by_name: dict[str, int] = {}
-    for cid, name in sorted(name_of.items()):
-        if by_name.setdefault(name.lower(), cid) != cid:
-            raise ConfigError(f"class name {name!r} has ids {by_name[name.lower()]} and {cid} in different series: "
+    for class_id, name in sorted(name_of.items()):
+        if by_name.setdefault(name.lower(), class_id) != class_id:
+            raise ConfigError(f"class name {name!r} has ids {by_name[name.lower()]} and {class_id} in different series: "
                               f"give a label map (--label-map map.json) such as {_suggestion(records)}")
     if sorted(name_of) != list(range(1, len(name_of) + 1)):
         raise ConfigError(f"stored class ids {sorted(name_of)} are not consecutive from 1, as nnU-Net needs: give a "
@@ -99,7 +99,8 @@ def _mapped_classes(label_map: Mapping[str, Sequence[str]]) -> tuple[dict[str, i
     if not isinstance(label_map, Mapping) or not label_map:
         raise ConfigError('a label map is a non-empty {"exported class": ["stored class name", ...]} mapping, '
                           f"got {label_map!r}")
-    labels, alias = {_BACKGROUND: 0}, {}
+    labels: dict[str, int] = {_BACKGROUND: 0}
+    alias: dict[str, int] = {}  # stored class name, lower case -> exported id
     for cid, (name, sources) in enumerate(label_map.items(), start=1):
         if not isinstance(name, str) or not name.strip() or name.strip().lower() == _BACKGROUND:
             raise ConfigError(f"label map class {name!r}: use a non-empty name other than {_BACKGROUND!r} "

@@ -40,7 +40,7 @@ from medload.errors import ConfigError
 from medload.export.classes import dataset_classes
 from medload.export.folds import nnunet_splits, patient_folds
 from medload.storage.nifti import to_nifti
-from medload.storage.records import SeriesRecord
+from medload.storage.records import LabelRecord, SeriesRecord
 from medload.storage.store import Store, open_store
 
 __all__ = ["NnunetCase", "NnunetExport", "export_nnunet", "select_keys"]
@@ -115,7 +115,7 @@ def export_nnunet(store: Store | str | os.PathLike, out: str | os.PathLike, *, d
     if taken:
         raise ConfigError(f"{taken[0]} already holds nnU-Net dataset {dataset_id}: choose another --dataset-id, or "
                           "remove that folder to export again")
-    chosen, left_out = _exportable([store.record(k) for k in select_keys(store, query)], store)
+    chosen, label_records, left_out = _exportable([store.record(k) for k in select_keys(store, query)], store)
     if not chosen:
         why = "; ".join(sorted({reason for _, reason in left_out})) or "the query selects no series"
         raise ConfigError(f"no series to export ({why}): an nnU-Net training case needs an image and its labels")
@@ -123,7 +123,6 @@ def export_nnunet(store: Store | str | os.PathLike, out: str | os.PathLike, *, d
     if len(modalities) > 1:
         raise ConfigError(f"the selection mixes modalities {modalities}; nnU-Net normalises a channel one way: "
                           "export one, e.g. --query \"modality == 'CT'\"")
-    label_records = [store.labels(rec.key_bytes) for rec in chosen]
     labels, luts, notes = dataset_classes(label_records, label_map)
     folds_of = patient_folds([rec.patient for rec in chosen], folds, seed)
     cases = tuple(NnunetCase(f"case_{i:04d}", rec.key, rec.patient, rec.study, fold)
@@ -155,17 +154,22 @@ def export_nnunet(store: Store | str | os.PathLike, out: str | os.PathLike, *, d
     return NnunetExport(target, labels, cases, tuple(left_out), tuple(notes))
 
 
-def _exportable(records: list[SeriesRecord], store: Store) -> tuple[list[SeriesRecord], list[tuple[str, str]]]:
-    """The records that can be training cases, and (key, reason) for the others."""
-    chosen, left_out = [], []
+def _exportable(records: list[SeriesRecord], store: Store
+                ) -> tuple[list[SeriesRecord], list[LabelRecord], list[tuple[str, str]]]:
+    """The records that can be training cases, their label records, and (key, reason) for the others."""
+    chosen: list[SeriesRecord] = []
+    labels: list[LabelRecord] = []
+    left_out: list[tuple[str, str]] = []
     for rec in records:
-        if store.labels(rec.key_bytes) is None:
+        label = store.labels(rec.key_bytes)
+        if label is None:
             left_out.append((rec.key, "no label map stored"))
         elif not _orthogonal(rec.affine):
             left_out.append((rec.key, "sheared grid (gantry tilt): nnU-Net's SimpleITK reader needs orthogonal axes"))
         else:
             chosen.append(rec)
-    return chosen, left_out
+            labels.append(label)
+    return chosen, labels, left_out
 
 
 def _orthogonal(affine, tol: float = 1e-4) -> bool:

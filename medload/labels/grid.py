@@ -39,7 +39,8 @@ class SeriesGrid:
 
     @classmethod
     def from_record(cls, rec: SeriesRecord, instances: tuple[str, ...] = ()) -> SeriesGrid:
-        return cls(tuple(rec.shape), RAS_TO_LPS @ np.asarray(rec.affine, dtype=np.float64), instances)
+        d, h, w = rec.shape
+        return cls((d, h, w), RAS_TO_LPS @ np.asarray(rec.affine, dtype=np.float64), instances)
 
     @property
     def normal(self) -> np.ndarray:

@@ -80,6 +80,8 @@ def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """``(values (z, y, x), affine of voxel (x, y, z) in LPS)`` of a NIfTI, as MONAI's NibabelReader reads it."""
     try:
         image = nib.load(path)
+        if not isinstance(image, nib.Nifti1Image):  # a NIfTI-2 image is one too
+            raise TypeError(f"it reads as a {type(image).__name__}, not a NIfTI image")
         values = np.asanyarray(image.dataobj)
     except Exception as err:  # nibabel raises many types on damaged files
         raise LabelProblem(f"cannot read mask {path.name} with nibabel: {type(err).__name__}: {err}") from None
@@ -166,9 +168,9 @@ def _resample(labels: np.ndarray, affine: np.ndarray, grid: SeriesGrid) -> np.nd
         source.SetOrigin(tuple(float(v) for v in affine[:3, 3]))
         source.SetSpacing(tuple(float(v) for v in spacing))
         source.SetDirection(tuple(float(v) for v in _directions(affine).ravel()))
-        out = sitk.Resample(source, grid.sitk_reference(), sitk.Transform(), sitk.sitkNearestNeighbor, 0,
-                            source.GetPixelID())
-        return sitk.GetArrayFromImage(out)
+        resampled = sitk.Resample(source, grid.sitk_reference(), sitk.Transform(), sitk.sitkNearestNeighbor, 0,
+                                  source.GetPixelID())
+        return sitk.GetArrayFromImage(resampled)
     d, h, w = grid.shape
     k, i, j = np.indices((d, h, w)).reshape(3, -1)
     to_mask = np.linalg.inv(affine) @ grid.affine_lps

@@ -102,11 +102,11 @@ def _class_ids(
                                   f"{classes[cid]!r} in roi_map: keep it under one class")
     ids = {}
     for num, name in rois:
-        cid = alias.get(name.strip().lower())
-        if cid is None:
+        class_id = alias.get(name.strip().lower())
+        if class_id is None:
             notes.append(f"ROI {name!r} (ROINumber {num}) is not in roi_map: ignored")
         else:
-            ids[num] = cid
+            ids[num] = class_id
     found = set(ids.values())
     notes.extend(f"class {cid} {classes[cid]!r}: none of its ROI names {list(roi_map[classes[cid]])} is in the "
                  f"structure set" for cid in classes if cid not in found)

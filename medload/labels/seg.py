@@ -192,6 +192,9 @@ class _Placer:
 
     def outside(self, f: _Frame, values: np.ndarray) -> int:
         """Foreground pixels of a frame whose centres fall outside the grid's field of view."""
+        if f.ipp is None or f.axes is None:  # place() resamples only frames with both
+            raise LabelProblem(f"SEG frame {f.number} has no ImagePositionPatient or no plane orientation and "
+                               "spacing: it cannot be placed on the series grid")
         b, a = np.nonzero(values)
         if not len(a):
             return 0

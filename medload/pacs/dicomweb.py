@@ -289,7 +289,7 @@ class DicomWebClient:
         compressed or incompressible pixels: gzip costs the server far more than it saves on a LAN,
         docs/benchmarks.md, "Design measurements")."""
         headers = {"Accept": accept, **({"Accept-Encoding": "identity"} if identity else {})}
-        request = self._http.build_request("GET", self.endpoint.base + path, params=params, headers=headers)
+        request = self._http.build_request("GET", self.endpoint.base + path, params=tuple(params), headers=headers)
         try:
             response = self._http.send(request, stream=True)
         except httpx.TransportError as exc:

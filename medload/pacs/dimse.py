@@ -70,11 +70,19 @@ require("pynetdicom", "pacs", "A dimse:// PACS (C-FIND, C-GET, C-STORE)")
 from pynetdicom import AE, build_context, build_role, evt  # noqa: E402
 from pynetdicom.association import Association  # noqa: E402
 from pynetdicom.pdu_primitives import SOPClassExtendedNegotiation  # noqa: E402
-from pynetdicom.sop_class import StudyRootQueryRetrieveInformationModelFind as FIND_MODEL  # noqa: E402
-from pynetdicom.sop_class import StudyRootQueryRetrieveInformationModelGet as GET_MODEL  # noqa: E402
+
+# pynetdicom generates its SOP classes into sop_class's globals() at import: they exist at runtime, not to mypy
+from pynetdicom.sop_class import (  # type: ignore[attr-defined]  # noqa: E402
+    StudyRootQueryRetrieveInformationModelFind as FIND_MODEL,
+)
+from pynetdicom.sop_class import (  # type: ignore[attr-defined]  # noqa: E402
+    StudyRootQueryRetrieveInformationModelGet as GET_MODEL,
+)
 from pynetdicom.status import QR_GET_SERVICE_CLASS_STATUS, code_to_category  # noqa: E402
 
 if TYPE_CHECKING:
+    from pynetdicom.pdu_primitives import _UI  # the user-information items AE.associate(ext_neg=...) takes
+
     from medload.pacs.ingest import Spool
 
 __all__ = ["DimseClient", "storage_contexts"]
@@ -151,7 +159,7 @@ class DimseClient:
         self._contexts = [build_context(FIND_MODEL), build_context(GET_MODEL), *storage_contexts()]
         relational = SOPClassExtendedNegotiation()
         relational.sop_class_uid, relational.service_class_application_information = FIND_MODEL, b"\x01"
-        self._ext_neg = [relational, *(build_role(sop, scp_role=True) for sop in RETRIEVED_SOP_CLASSES)]
+        self._ext_neg: list[_UI] = [relational, *(build_role(sop, scp_role=True) for sop in RETRIEVED_SOP_CLASSES)]
         self._assoc: Association | None = None
         self._delivery: _Delivery | None = None
 

@@ -175,7 +175,7 @@ def load_credentials(path: Path | None, environ: Mapping[str, str] = os.environ)
         return Credentials(None, token)
     if bool(user) != bool(password):
         raise ConfigError(f"set both {_ENV_USER} and {_ENV_PASSWORD} (only one is set)")
-    return Credentials(user, password) if user else None
+    return Credentials(user, password) if user and password else None  # both or neither (checked above)
 
 
 def _from_file(path: Path) -> Credentials:

@@ -41,7 +41,7 @@ def catalog(store: Store) -> pd.DataFrame:
     require("pandas", "viz", "Store.catalog() (a pandas DataFrame)")
     import pandas as pd
 
-    rows = []
+    rows: list[tuple[object, ...]] = []  # a lost series' row has None for what only its record knows
     down = store.unavailable()
     lost_labels = {key: u for u in down for key in u.labels or ()}
     for rec in store.series():

@@ -119,10 +119,10 @@ def _replace(root: Path, manifest: Manifest, old: str, live: LiveRecords, held: 
     series = {k for k, r in live.series.items() if r.shard == old}
     labels = {k for k, r in live.labels.items() if r.shard == old}
     earlier = set().union(*(held[e.name] for e in manifest.shards[:at]))
-    new = _new_shard_name()
-    build = build_path(root, new)
-    if not _copy(sh.reader_env(old_path), build, series, labels, earlier, entry.bytes):
-        new = None
+    built = _new_shard_name()
+    build = build_path(root, built)
+    # None: the copy holds nothing live, so the shard is dropped, not replaced
+    new = built if _copy(sh.reader_env(old_path), build, series, labels, earlier, entry.bytes) else None
     write_journal(root, old, new)
     log.debug("compact %s: journal written", old)
     if new is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import lmdb
 
@@ -24,6 +25,8 @@ from medload.storage.manifest import ShardKeys
 from medload.storage.records import LabelRecord, SeriesRecord
 
 __all__ = ["ShardRecords", "LiveRecords", "read_shard", "lost_shard", "merge"]
+
+_Rec = TypeVar("_Rec", SeriesRecord, LabelRecord)
 
 
 @dataclass
@@ -71,21 +74,30 @@ def read_shard(env: lmdb.Environment, name: str,
     out = ShardRecords(name)
     with env.begin(buffers=True) as txn:
         dbs = sh.open_dbs(env, [sh.SERIES, sh.LABEL_SERIES, sh.REPLACED], create=False, txn=txn)
-        for db, kind, parse, into in ((sh.SERIES, "series", SeriesRecord.from_json, out.series),
-                                      (sh.LABEL_SERIES, "label", LabelRecord.from_json, out.labels)):
-            for k, v in txn.cursor(db=dbs[db]) if db in dbs else ():
-                key = bytes(k)
-                try:
-                    rec = parse(bytes(v))
-                    if check is not None:
-                        check(rec, key)
-                except (ValueError, TypeError) as exc:
-                    out.broken[(kind, key)] = str(exc)
-                    continue
-                into[key] = replace(rec, shard=name)
+        if sh.SERIES in dbs:
+            _parse_into(txn.cursor(db=dbs[sh.SERIES]), "series", SeriesRecord.from_json, out.series, out, check)
+        if sh.LABEL_SERIES in dbs:
+            _parse_into(txn.cursor(db=dbs[sh.LABEL_SERIES]), "label", LabelRecord.from_json, out.labels, out, check)
         if sh.REPLACED in dbs:
             out.replaced.update(bytes(k) for k in txn.cursor(db=dbs[sh.REPLACED]).iternext(values=False))
     return out
+
+
+def _parse_into(items: Iterable[tuple[memoryview, memoryview]], kind: str, parse: Callable[[bytes], _Rec],
+                into: dict[bytes, _Rec], out: ShardRecords,
+                check: Callable[[SeriesRecord | LabelRecord, bytes], None] | None) -> None:
+    """Parse the ``kind`` records of ``items`` (key, value) into ``into`` (shard ``out.name`` filled in);
+    those that do not parse, or that ``check`` refuses, go to ``out.broken``."""
+    for k, v in items:
+        key = bytes(k)
+        try:
+            rec = parse(bytes(v))
+            if check is not None:
+                check(rec, key)
+        except (ValueError, TypeError) as exc:
+            out.broken[(kind, key)] = str(exc)
+            continue
+        into[key] = replace(rec, shard=out.name)
 
 
 def lost_shard(name: str, keys: ShardKeys | None) -> ShardRecords:
@@ -124,6 +136,8 @@ def merge(shards: Iterable[ShardRecords]) -> LiveRecords:
             elif rec is None:  # held by a shard that cannot be read
                 into.pop(key, None)
                 live.unavailable[(kind, key)] = s.name
-            else:
-                into[key] = rec
+            elif isinstance(rec, SeriesRecord):  # found in s.series
+                live.series[key] = rec
+            else:  # found in s.labels
+                live.labels[key] = rec
     return live

@@ -36,6 +36,8 @@ REPLACED = b"replaced"
 #: index sub-databases: an attribute value -> series keys (sorted duplicates)
 INDEXES = {"modality": b"idx_modality", "study": b"idx_study", "patient": b"idx_patient", "body_part": b"idx_body_part"}
 _MAX_DBS = 64
+#: the handle of a named sub-database, as ``Environment.open_db`` returns it (py-lmdb names its class privately)
+DbHandle = lmdb._Database
 _MAP_HEADROOM = 1 << 30
 
 
@@ -137,10 +139,10 @@ def close_reader_envs(paths: list[Path]) -> None:
             env.close()
 
 
-def open_dbs(env: lmdb.Environment, names: list[bytes], *, create: bool, txn: lmdb.Transaction | None = None) -> dict[bytes, object]:
+def open_dbs(env: lmdb.Environment, names: list[bytes], *, create: bool, txn: lmdb.Transaction | None = None) -> dict[bytes, DbHandle]:
     """Handles of named sub-databases; index databases are opened with sorted duplicates."""
     index_names = set(INDEXES.values())
-    out = {}
+    out: dict[bytes, DbHandle] = {}
     for name in names:
         if not create:
             try:

@@ -113,7 +113,7 @@ class Store:
         return {"path": self.path, "cache": self.cache}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], state["cache"])
+        Store.__init__(self, state["path"], state["cache"])
 
     def refresh(self) -> None:
         """Re-read ``store.json`` to see shards published since the store was opened."""
@@ -135,25 +135,27 @@ class Store:
     # ---- records -----------------------------------------------------------------------------
     def _all_records(self) -> dict[bytes, SeriesRecord]:
         if self._records is None:
-            self._load_records()
+            return self._load_records()[0]
         return self._records
 
     def _all_labels(self) -> dict[bytes, LabelRecord]:
         if self._labels is None:
-            self._load_records()
+            return self._load_records()[1]
         return self._labels
 
-    def _load_records(self) -> None:
+    def _load_records(self) -> tuple[dict[bytes, SeriesRecord], dict[bytes, LabelRecord]]:
         """The live series and label records: a later shard's replacement supersedes earlier copies
-        (see :mod:`medload.storage.live`); those in shards that cannot be read are unavailable."""
+        (see :mod:`medload.storage.live`); those in shards that cannot be read are unavailable.
+        Kept (``_records``, ``_labels``) until the next :meth:`refresh`, and returned."""
         shards, down = read_shards(self.path, self.manifest)
         live = merge(shards)
         for (kind, key), (shard, why) in live.broken.items():
             log.warning("%s record %s in shard %s does not parse (%s): skipped; run `medload verify %s`",
                         kind, key.hex(), shard, why, self.path)
         self._unavailable = unavailable(self.manifest, live, down)
-        self._records = dict(sorted(live.series.items()))
-        self._labels = live.labels
+        self._records = records = dict(sorted(live.series.items()))
+        self._labels = labels = live.labels
+        return records, labels
 
     def unavailable(self) -> list[Unavailable]:
         """The shards that cannot be read, why, and the series (and labels) whose live copies they hold:
@@ -210,7 +212,7 @@ class Store:
 
     def rejects(self, *, include_skipped: bool = True) -> list[RejectRecord]:
         """Quarantine records: inputs that were rejected (and, by default, skipped), sorted by source."""
-        out = []
+        out: list[RejectRecord] = []
         down = {u.shard for u in self.unavailable()}
         for entry in self.manifest.shards:
             if entry.name in down:
@@ -263,22 +265,23 @@ class Store:
         if labels and (missing := [r.key[:12] for r in records if r.key_bytes not in self._all_labels()]):
             raise ConfigError(f"{len(missing)} of {len(records)} series have no labels (e.g. {missing[0]}): "
                               "filter them out (keys=...) or ingest their labels")
-        starts = [range(r.shape[0]) for r in records] if depth is None else slab_starts(records, depth, stride or depth)
+        starts: Sequence[Iterable[int]] = ([range(r.shape[0]) for r in records] if depth is None
+                                           else slab_starts(records, depth, stride or depth))
         out: list[dict[str, str | int]] = []
         for rec, zs in zip(records, starts):
             for z in map(int, zs):
-                span = {"context": context} if depth is None else {"z1": z + depth}
-                item = {"image": item_uri(self.path, rec.key, z, plane=plane, **span)}
+                z1 = None if depth is None else z + depth  # a slab ends at z1; a stack has context instead
+                item: dict[str, str | int] = {"image": item_uri(self.path, rec.key, z, z1, context=context, plane=plane)}
                 if labels:
-                    item["label"] = item_uri(self.path, rec.key, z, label=True, **span)
+                    item["label"] = item_uri(self.path, rec.key, z, z1, context=context, label=True)
                 item.update(key=rec.key, z=z, index=len(out))
                 out.append(item)
         return out
 
-    def stats(self) -> dict[str, dict]:
+    def stats(self) -> dict[str, dict[str, int] | None]:
         """This process's reads per tier: ``l1`` (hits, misses, bytes held, budget, entries, evictions),
         ``l2`` and ``l3`` (slices read, bytes of stored values, L2 misses and dropped damaged copies)."""
-        out = {"l1": asdict(shared_lru(self.cache.l1_bytes).stats()) if self.cache.l1_bytes else None}
+        out: dict[str, dict[str, int] | None] = {"l1": asdict(shared_lru(self.cache.l1_bytes).stats()) if self.cache.l1_bytes else None}
         out.update(self._tiers.stats())
         return out
 
@@ -371,7 +374,7 @@ class Store:
                     planes[z - z0] = hit
                 else:
                     out[z - z0] = planes[z - z0] = hit
-        hw = tuple(rec.shape[1:])
+        hw = (rec.shape[1], rec.shape[2])
         nbytes = hw[0] * hw[1] * dtype.itemsize
         scratch = read_spans.scratch(len(missing), hw, dtype) if transient and out is None and missing else None
         spare = iter(scratch) if scratch is not None else None
@@ -386,7 +389,7 @@ class Store:
                     planes[z - z0] = np.empty(hw, dtype=dtype)
             self._scan(entry, db, key, a, b, planes[a - z0 : b - z0], verify)
             for z, keep in zip(range(a, b), kept):
-                if keep:
+                if keep and lru is not None:  # kept only where there is an L1
                     lru.put((entry.digest, db, slice_key(key, z)), planes[z - z0], copy=out is not None)
         return planes
 

@@ -29,7 +29,7 @@ class TaskShardWriter:
         self.path = Path(path)
         self._windows = windows
         self._env: lmdb.Environment | None = None
-        self._dbs: dict = {}
+        self._dbs: dict[bytes, sh.DbHandle] = {}
         self.committed: list[bytes] = []
 
     def begin_series(self, key: bytes, estimated_bytes: int) -> SeriesTransaction:

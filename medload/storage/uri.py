@@ -42,7 +42,7 @@ def is_item_uri(text: str | os.PathLike) -> bool:
 def item_uri(store: str | os.PathLike, key: str, z0: int, z1: int | None = None, *, context: int | None = None,
              label: bool = False, plane: str | None = None) -> str:
     """The URI of a slab (``z0``, ``z1``) or of a 2.5D stack (centre ``z0``, ``context``)."""
-    query = {"key": key}
+    query: dict[str, str | int | None] = {"key": key}
     query.update({"z": z0, "context": context} if context is not None else {"z0": z0, "z1": z1})
     if label:
         query["label"] = 1

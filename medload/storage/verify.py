@@ -129,7 +129,9 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[
         name, data = entry.name, shard_path(root, entry.name) / "data.mdb"
         if name in seen:
             report.add("manifest", name, "shard listed twice in store.json: remove one entry", shard=name)
-        elif seen.add(name) or not data.is_file():
+            continue
+        seen.add(name)
+        if not data.is_file():
             report.add_unreadable(name, f"{data} is missing: {RESTORE}")
         else:
             size = data.stat().st_size

@@ -67,7 +67,7 @@ class VerifyReport:
 
     @property
     def unreadable(self) -> list[str]:
-        return sorted({d.shard for d in self.damage if d.unreadable})
+        return sorted({d.shard for d in self.damage if d.unreadable and d.shard is not None})  # add_unreadable names it
 
     def to_dict(self) -> dict:
         return {**asdict(self), "ok": self.ok, "unreadable": self.unreadable}

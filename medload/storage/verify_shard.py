@@ -197,8 +197,8 @@ def _check_indexes(env: lmdb.Environment, shard: str, mine: dict[bytes, SeriesRe
         dbs = sh.open_dbs(env, list(sh.INDEXES.values()), create=False, txn=txn)
         for field_name, db_name in sh.INDEXES.items():
             entries: set[tuple[str, bytes]] = set()
-            for value, k in txn.cursor(db=dbs[db_name]) if db_name in dbs else ():
-                value, k = bytes(value).decode(errors="replace"), bytes(k)
+            for raw_value, raw_key in txn.cursor(db=dbs[db_name]) if db_name in dbs else ():
+                value, k = bytes(raw_value).decode(errors="replace"), bytes(raw_key)
                 entries.add((value, k))
                 where = f"{shard} {db_name.decode()} {value!r}"
                 if k in skip:

@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Protocol
 
 import lmdb
 
@@ -72,38 +73,57 @@ log = logging.getLogger(__name__)
 _MAP_HEADROOM = 1 << 30
 
 
+class _ShardOwner(Protocol):
+    """What a :class:`SeriesTransaction` writes for: the open sub-databases of the shard being written,
+    told of each commit (a :class:`StoreWriter`, or a Dask task's
+    :class:`~medload.storage.task_shard.TaskShardWriter`)."""
+
+    _dbs: dict[bytes, sh.DbHandle]
+
+    def _committed(self, key: bytes, record: SeriesRecord | None, label: LabelRecord | None,
+                   replaces: bool) -> None: ...
+
+
 class SeriesTransaction:
     """Puts of one series (its slices, planes, labels, record, index entries) -- or of the labels of a
     series stored earlier -- into the current staging shard; nothing is visible until :meth:`commit`."""
 
-    def __init__(self, writer: StoreWriter, key: bytes, txn: lmdb.Transaction, *, replaces: bool = False) -> None:
-        self._writer, self._key, self._txn, self._replaces = writer, key, txn, replaces
+    def __init__(self, writer: _ShardOwner, key: bytes, txn: lmdb.Transaction, *, replaces: bool = False) -> None:
+        self._writer, self._key, self._replaces = writer, key, replaces
+        self._txn: lmdb.Transaction | None = txn
+
+    def _open_txn(self) -> lmdb.Transaction:
+        """The write transaction, while it is neither committed nor aborted."""
+        if self._txn is None:
+            raise StoreError(f"the write transaction of series {self._key.hex()} was already committed or aborted: "
+                             "begin a new one to write it")
+        return self._txn
 
     def put_slice(self, z: int, value: bytes, windows: dict[str, bytes] | None = None) -> None:
-        dbs = self._writer._dbs
+        dbs, txn = self._writer._dbs, self._open_txn()
         k = slice_key(self._key, z)
-        self._txn.put(k, value, db=dbs[sh.SLICES])
+        txn.put(k, value, db=dbs[sh.SLICES])
         for name, plane in (windows or {}).items():
-            self._txn.put(k, plane, db=dbs[sh.window_db(name)])
+            txn.put(k, plane, db=dbs[sh.window_db(name)])
 
     def put_label_slice(self, z: int, value: bytes) -> None:
-        self._txn.put(slice_key(self._key, z), value, db=self._writer._dbs[sh.LABELS])
+        self._open_txn().put(slice_key(self._key, z), value, db=self._writer._dbs[sh.LABELS])
 
     def commit(self, record: SeriesRecord | None = None, index: dict[str, str | None] | None = None,
                label: LabelRecord | None = None) -> None:
         """Write the series record and index entries (and the replacement marker of a forced series)
         and/or the label record, and commit."""
-        w = self._writer
+        w, txn = self._writer, self._open_txn()
         if record is not None:
-            self._txn.put(self._key, record.to_json(), db=w._dbs[sh.SERIES])
+            txn.put(self._key, record.to_json(), db=w._dbs[sh.SERIES])
             if self._replaces:
-                self._txn.put(self._key, b"", db=w._dbs[sh.REPLACED])
+                txn.put(self._key, b"", db=w._dbs[sh.REPLACED])
         for field_name, value in (index or {}).items():
             if value:
-                self._txn.put(value.encode(), self._key, db=w._dbs[sh.INDEXES[field_name]], dupdata=True)
+                txn.put(value.encode(), self._key, db=w._dbs[sh.INDEXES[field_name]], dupdata=True)
         if label is not None:
-            self._txn.put(self._key, label.to_json(), db=w._dbs[sh.LABEL_SERIES])
-        self._txn.commit()
+            txn.put(self._key, label.to_json(), db=w._dbs[sh.LABEL_SERIES])
+        txn.commit()
         self._txn = None
         w._committed(self._key, record, label, self._replaces)
 
@@ -130,7 +150,7 @@ class StoreWriter:
         self.root = Path(root)
         self.shard_bytes = shard_bytes
         check_store_folder(self.root)
-        self._lock_fd = self._acquire_lock()
+        self._lock_fd: int | None = self._acquire_lock()
         try:
             self.manifest = self._open_or_create(codec, windows, key_fingerprint)
             self._recover()
@@ -147,7 +167,7 @@ class StoreWriter:
             self._release_lock()
             raise
         self._env: lmdb.Environment | None = None
-        self._dbs: dict = {}
+        self._dbs: dict[bytes, sh.DbHandle] = {}
         self._staging_name = ""
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -332,12 +352,14 @@ class StoreWriter:
             self.label_fingerprints[key] = label.source_fingerprint
             if key in self.replaced:
                 self.replaced[key] = False
-        if sh.env_bytes(self._env) >= self.shard_bytes:
+        if self._env is not None and sh.env_bytes(self._env) >= self.shard_bytes:  # the commit's staging shard
             self._publish_current()
 
     # ---- publishing ------------------------------------------------------------------------
     def _publish_current(self) -> None:
         env, name = self._env, self._staging_name
+        if env is None:  # no staging shard open: nothing to publish
+            return
         self._env, self._dbs = None, {}
         env.sync(True)
         env.close()

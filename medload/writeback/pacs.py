@@ -56,7 +56,7 @@ class PacsConnection:
 
     def __init__(self, base: str, client: DicomWebClient | DimseClient,
                  retrieve: Callable[..., dict[str, list[tuple[InstanceRef, str]]]],
-                 send: Callable[[Sequence[Dataset]], None]) -> None:
+                 send: Callable[[list[Dataset]], None]) -> None:
         self.base, self._client, self._send = base, client, send
         self.search_instances: Callable[[SeriesRef], list[InstanceRef]] = client.search_instances
         self.retrieve = retrieve
