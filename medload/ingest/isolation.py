@@ -43,9 +43,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler
+from typing import TYPE_CHECKING
 
 from medload.config import format_size
 from medload.errors import MedloadError
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkContext, SpawnContext
 
 __all__ = ["IsolatedPool", "Job", "Lost", "mark"]
 
@@ -205,7 +209,8 @@ class IsolatedPool:
 
     def __init__(self, workers: int, initializer: Callable, initargs: tuple, *, memory: int = 0,
                  timeout: float = 0.0) -> None:
-        self._ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        self._ctx: ForkContext | SpawnContext = (
+            mp.get_context("fork") if sys.platform.startswith("linux") else mp.get_context("spawn"))
         self.size = workers
         self._init = (initializer, initargs)
         self._memory, self._timeout = memory, timeout
@@ -330,7 +335,7 @@ class IsolatedPool:
                 job = w.sent.popleft()
                 if job.seq != seq:
                     raise RuntimeError(f"decoding process answered task {seq}, expected {job.seq}")
-                w.sent_bytes -= len(job.payload) + 16
+                w.sent_bytes -= len(job.pickled()) + 16  # its payload, kept while it is in the pipe
                 self._finish(job, result)
                 self._start_failures = 0
                 w.since = time.monotonic()
