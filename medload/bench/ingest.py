@@ -39,15 +39,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from multiprocessing import Pool
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import numpy as np
 
 from medload.bench.common import spread, tree_bytes
 from medload.config import affinity_cores
-
-if TYPE_CHECKING:
-    from distributed import LocalCluster
 
 __all__ = ["IngestContender", "contenders", "run_ingest", "make_data", "replicate", "main"]
 
@@ -163,7 +160,7 @@ def _started_cluster(stack: ExitStack, workers: int) -> str:
 
     from medload.ingest.cluster import local_cluster
 
-    cluster = cast("LocalCluster", stack.enter_context(local_cluster(workers)))  # what local_cluster starts
+    cluster = stack.enter_context(local_cluster(workers))
     client = stack.enter_context(Client(cluster))
     client.run(importlib.import_module, "medload.ingest.dask_engine")
     return cluster.scheduler_address

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import hashlib
+import io
 import logging
 import lzma
 import os
@@ -45,7 +46,8 @@ _RATIO_FLOOR = 1 << 20            # members this small cannot be bombs; the rati
 _ZIP_METHODS = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA})
 _CHUNK = 1 << 20
 _SEP = re.compile(r"[\\/]")
-_DECOMPRESSORS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
+# gzip/bz2/lzma file objects are all buffered binary streams (BufferedIOBase), not typing.BinaryIO
+_DECOMPRESSORS: dict[str, Callable[[BinaryIO], io.BufferedIOBase]] = {
     "gz": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"), "bz2": bz2.BZ2File, "xz": lzma.LZMAFile}
 
 #: Exceptions that mean "this file or archive cannot be read", as opposed to a bug in medload.
@@ -382,7 +384,7 @@ def _scan_tar_stream(path: str, compression: str, limits: ArchiveLimits,
     yield from (item for _, item in found)
 
 
-def _check_ratio(stream: BinaryIO, raw: BinaryIO, limits: ArchiveLimits) -> None:
+def _check_ratio(stream: io.BufferedIOBase, raw: BinaryIO, limits: ArchiveLimits) -> None:
     """Stop a stream that has expanded more than the ratio cap allows."""
     reason = _ratio_reason(stream.tell(), raw.tell(), limits)
     if reason:

@@ -27,9 +27,13 @@ import multiprocessing
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING, Literal, cast
 
 from medload.errors import ConfigError
 from medload.extras import require_all
+
+if TYPE_CHECKING:
+    from distributed import Client, LocalCluster  # an optional extra: imported where used
 
 __all__ = ["connect", "parse_scheduler", "local_cluster", "slurm_cluster", "check_workers_see"]
 
@@ -39,7 +43,7 @@ _NOT_DAEMON = {"distributed.worker.daemon": False}
 _FORMS = "use local, local:N, tcp://HOST:PORT, tls://HOST:PORT, slurm or slurm:JOBS"
 
 
-def parse_scheduler(text: str) -> tuple[str, str | int | None]:
+def parse_scheduler(text: str) -> tuple[Literal["local", "slurm"], int | None] | tuple[Literal["address"], str]:
     """``("local", N | None)``, ``("address", "tcp://...")`` or ``("slurm", JOBS | None)`` from a
     ``--scheduler`` value; anything else is a ConfigError that lists the forms."""
     text = text.strip()
@@ -47,8 +51,9 @@ def parse_scheduler(text: str) -> tuple[str, str | int | None]:
         if not text.startswith(("tcp://", "tls://")):
             raise ConfigError(f"scheduler {text!r}: a running Dask scheduler is a tcp:// or tls:// address; {_FORMS}")
         return "address", text
-    kind, _, count = text.partition(":")
-    if kind in ("local", "slurm"):
+    name, _, count = text.partition(":")
+    if name in ("local", "slurm"):
+        kind = cast(Literal["local", "slurm"], name)  # just checked
         if not count:
             return kind, None
         if count.isdigit() and int(count) > 0:
@@ -57,26 +62,26 @@ def parse_scheduler(text: str) -> tuple[str, str | int | None]:
 
 
 @contextmanager
-def connect(scheduler: str, default_workers: int) -> Iterator[object]:
+def connect(scheduler: str, default_workers: int) -> Iterator[Client]:
     """A ``distributed.Client`` for ``scheduler`` whose workers may start decoding processes; a cluster
     started here is closed on exit."""
     require_all("dask", "--scheduler (ingest on a Dask cluster)")
     from distributed import Client
 
-    kind, arg = parse_scheduler(scheduler)
+    parsed = parse_scheduler(scheduler)
     with ExitStack() as stack:
         try:
-            if kind == "local":
-                client = Client(stack.enter_context(local_cluster(arg or default_workers)))
-            elif kind == "slurm":
+            if parsed[0] == "local":
+                client = Client(stack.enter_context(local_cluster(parsed[1] or default_workers)))
+            elif parsed[0] == "slurm":
                 cluster = slurm_cluster()
                 stack.callback(cluster.close)
-                cluster.scale(jobs=arg or 1)
+                cluster.scale(jobs=parsed[1] or 1)
                 client = Client(cluster)
                 log.info("waiting for a Slurm job's Dask worker to start")
                 client.wait_for_workers(1)
             else:
-                client = Client(arg, timeout="30s")
+                client = Client(parsed[1], timeout="30s")
         except OSError as exc:
             raise ConfigError(f"cannot reach the Dask scheduler {scheduler}: {exc} (is it running? is the address "
                               "right?)") from None
@@ -87,7 +92,7 @@ def connect(scheduler: str, default_workers: int) -> Iterator[object]:
 
 
 @contextmanager
-def local_cluster(workers: int) -> Iterator[object]:
+def local_cluster(workers: int) -> Iterator[LocalCluster]:
     """A LocalCluster of ``workers`` single-threaded, non-daemonic worker processes, closed on exit (what
     ``local:N`` starts; start one yourself to share it between ingests, and pass its ``scheduler_address``).
 
@@ -127,7 +132,7 @@ def _daemonic() -> bool:
     return bool(multiprocessing.current_process().daemon)
 
 
-def _check_not_daemonic(client, scheduler: str) -> None:
+def _check_not_daemonic(client: Client, scheduler: str) -> None:
     flagged = sorted(addr for addr, daemonic in client.run(_daemonic).items() if daemonic)
     if flagged:
         raise ConfigError(
@@ -136,7 +141,7 @@ def _check_not_daemonic(client, scheduler: str) -> None:
             "(or distributed.worker.daemon: false in their Dask configuration)")
 
 
-def check_workers_see(client, path: str, what: str) -> None:
+def check_workers_see(client: Client, path: str, what: str) -> None:
     """ConfigError unless every worker sees ``path`` (sources and the store must be on a shared file system)."""
     blind = sorted(addr for addr, seen in client.run(os.path.exists, path).items() if not seen)
     if blind:

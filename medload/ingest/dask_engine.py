@@ -78,7 +78,8 @@ def _pool(setup: tuple[bytes, IngestConfig]) -> IsolatedPool:
 
 def _header_task(refs: list[SourceRef], setup: tuple[bytes, IngestConfig]
                  ) -> tuple[list[SliceHeader], list[LabelInput], list[RejectRecord]]:
-    report, labels = IngestReport(store=""), []
+    report = IngestReport(store="")
+    labels: list[LabelInput] = []
     with _pool(setup) as pool:
         headers = header_pass(pool, refs, report, False, labels)
     return headers, labels, report.rejects

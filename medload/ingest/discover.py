@@ -24,7 +24,7 @@ import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 from medload.errors import InputProblem
 from medload.ingest.archives import (
@@ -39,6 +39,9 @@ from medload.ingest.archives import (
     is_junk,
     scan_archive,
 )
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer  # stub-only: what RawIOBase.readinto is given
 
 __all__ = ["SourceRef", "DiscoveryProblem", "ArchiveLimits", "discover", "read_source", "open_source",
            "problem_sha256"]
@@ -276,10 +279,11 @@ class _MemberView(io.RawIOBase):
         self._pos = base + pos
         return self._pos
 
-    def readinto(self, buffer: memoryview) -> int:
-        size = max(0, min(len(buffer), self._size - self._pos))
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer).cast("B")
+        size = max(0, min(len(view), self._size - self._pos))
         data = self._handle.pread(size, self._offset + self._pos) if size else b""
-        buffer[: len(data)] = data
+        view[: len(data)] = data
         self._pos += len(data)
         return len(data)
 

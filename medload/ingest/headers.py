@@ -126,6 +126,7 @@ def read_headers(ref: SourceRef, pseudo: Pseudonymizer, cfg: IngestConfig) -> li
             raise InputProblem("header", f"{UID(sop_class).name} ({sop_class}) is not a CT/MR/PET volume image",
                                skipped=True)
         syntax = _transfer_syntax(ds)
+        length: int | None
         if syntax == DeflatedExplicitVRLittleEndian:  # positions in the file mean nothing: pydicom decodes
             length, value_offset = 0xFFFFFFFF, 0
         else:
@@ -187,6 +188,7 @@ def _open(ref: SourceRef) -> BinaryIO:
 
 
 def _parse(fp: BinaryIO) -> Dataset:
+    ds: Dataset
     try:
         ds = pydicom.dcmread(fp, stop_before_pixels=True)
     except InvalidDicomError:
@@ -216,7 +218,7 @@ def _check_complete(ds: Dataset) -> None:
     group = ds if len(ds) else getattr(ds, "file_meta", None)
     if not group:
         return
-    last = group.get_item(next(reversed(group.keys())))
+    last = group.get_item(list(group.keys())[-1])  # keys() is typed as a set: no reversed()
     if isinstance(last, RawDataElement) and last.length != 0xFFFFFFFF and len(last.value or b"") < last.length:
         raise InputProblem("header", f"truncated file: element ({last.tag.group:04X},{last.tag.element:04X}) "
                                      f"declares {last.length} bytes, the file holds {len(last.value or b'')}")

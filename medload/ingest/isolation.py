@@ -43,13 +43,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from medload.config import format_size
 from medload.errors import MedloadError
 
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkContext, SpawnContext
+
 __all__ = ["IsolatedPool", "Job", "Lost", "mark"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_T_co = TypeVar("_T_co", covariant=True)
+_A = TypeVar("_A")
 
 _INPUT_BITS = 24                 # a marker is (task sequence number << 24) | input index
 _PIPE_BYTES = 1 << 20            # asked for each task pipe (Linux allows up to fs.pipe-max-size, 1 MB)
@@ -148,13 +156,13 @@ class Lost:
     reason: str
 
 
-class Job:
+class Job(Generic[_T_co]):
     """A submitted task; ``result`` is set once ``done``. ``payload``, the pickled task, exists from its
-    dispatch until its result is in."""
+    dispatch until its result is in. ``Job[T]``: ``fn`` returns a ``T``."""
 
     __slots__ = ("seq", "fn", "arg", "payload", "done", "result")
 
-    def __init__(self, seq: int, fn: Callable, arg: object) -> None:
+    def __init__(self, seq: int, fn: Callable[..., _T_co], arg: object) -> None:
         self.seq, self.fn, self.arg = seq, fn, arg
         self.payload: bytes | None = None
         self.done = False
@@ -175,7 +183,7 @@ class _Worker:
             self.capacity = fcntl.fcntl(tasks.fileno(), fcntl.F_GETPIPE_SZ)
         except (AttributeError, OSError):
             self.capacity = 0  # unknown (not Linux): send only to an idle worker
-        self.sent: deque[Job] = deque()
+        self.sent: deque[Job[object]] = deque()
         self.sent_bytes = 0
         self.seen = marker.value
         self.since = time.monotonic()
@@ -205,12 +213,13 @@ class IsolatedPool:
 
     def __init__(self, workers: int, initializer: Callable, initargs: tuple, *, memory: int = 0,
                  timeout: float = 0.0) -> None:
-        self._ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        self._ctx: ForkContext | SpawnContext = (
+            mp.get_context("fork") if sys.platform.startswith("linux") else mp.get_context("spawn"))
         self.size = workers
         self._init = (initializer, initargs)
         self._memory, self._timeout = memory, timeout
         self._tick = min(1.0, max(0.05, timeout / 20)) if timeout else None
-        self._pending: deque[Job] = deque()
+        self._pending: deque[Job[object]] = deque()
         self._seq = 0
         self._start_failures = 0
         if memory and not os.path.exists("/proc/self/status"):
@@ -226,7 +235,7 @@ class IsolatedPool:
         self.close()
 
     # ---- tasks ----
-    def submit(self, fn: Callable, arg: object) -> Job:
+    def submit(self, fn: Callable[[_A], _T], arg: _A) -> Job[_T]:
         """Queue ``fn(arg)`` (``fn`` a module-level function, ``arg`` picklable)."""
         self._seq += 1
         job = Job(self._seq, fn, arg)
@@ -234,13 +243,13 @@ class IsolatedPool:
         self._dispatch()
         return job
 
-    def wait(self, job: Job) -> object:
+    def wait(self, job: Job[_T]) -> _T | Lost:
         """The result of ``job``, once it is in."""
         while not job.done:
             self._pump()
         if isinstance(job.result, _Raised):
             raise RuntimeError(f"{job.fn.__name__} failed in a decoding process:\n{job.result.text}")
-        return job.result
+        return cast("_T | Lost", job.result)  # done: what fn(arg) returned in a worker, or a Lost (_finish)
 
     def close(self) -> None:
         """Stop the workers: idle ones are asked to exit, busy ones (after an error) are killed."""
@@ -280,7 +289,7 @@ class IsolatedPool:
         results_w.close()
         return _Worker(process, tasks_w, results_r, marker)
 
-    def _room(self, w: _Worker, job: Job) -> bool:
+    def _room(self, w: _Worker, job: Job[object]) -> bool:
         """Whether ``w`` may take ``job`` now: it is idle (it reads whatever it is sent), or has one task
         to go and ``job`` fits in its pipe unread. The rest wait here, for whichever worker frees first."""
         return not w.sent or (len(w.sent) < _QUEUED and w.sent_bytes + len(job.pickled()) + 16 <= w.capacity)
@@ -330,7 +339,7 @@ class IsolatedPool:
                 job = w.sent.popleft()
                 if job.seq != seq:
                     raise RuntimeError(f"decoding process answered task {seq}, expected {job.seq}")
-                w.sent_bytes -= len(job.payload) + 16
+                w.sent_bytes -= len(job.pickled()) + 16  # its payload, kept while it is in the pipe
                 self._finish(job, result)
                 self._start_failures = 0
                 w.since = time.monotonic()
@@ -372,5 +381,5 @@ class IsolatedPool:
         self._workers[self._workers.index(w)] = self._start()
 
     @staticmethod
-    def _finish(job: Job, result: object) -> None:
+    def _finish(job: Job[object], result: object) -> None:
         job.result, job.done, job.payload = result, True, None

@@ -61,9 +61,10 @@ def _bits(values: np.ndarray, h: SliceHeader, *, shift: bool) -> np.ndarray:
     return raw if spare == 0 else raw & ((1 << h.bits_stored) - 1)
 
 
-def _native(data: memoryview, h: SliceHeader) -> np.ndarray:
+def _native(data: memoryview, h: SliceHeader, pixel_offset: int) -> np.ndarray:
+    """The plane of a native (uncompressed) file whose pixel values start at ``pixel_offset``."""
     item = h.bits_allocated // 8
-    offset = h.pixel_offset + (h.frame or 0) * h.frame_bytes
+    offset = pixel_offset + (h.frame or 0) * h.frame_bytes
     raw = np.frombuffer(data, dtype=f"<u{item}", count=h.rows * h.cols, offset=offset)
     if h.transfer_syntax == ExplicitVRBigEndian and item > 1:
         raw = raw.byteswap()
@@ -141,7 +142,8 @@ def decode_plane(file: LoadedFile, h: SliceHeader, modality: str, dtype: str) ->
     Returns ``(values, padding_pixels)``: a (rows, columns) array of ``dtype`` (``int16`` or
     ``float32``) and how many pixels were padding. Raises :class:`InputProblem` (stage ``decode``).
     """
-    stored = _native(memoryview(file.data), h) if h.pixel_offset is not None else _compressed(file, h)
+    pixel_offset = h.pixel_offset  # set for native syntaxes only (see medload.ingest.headers)
+    stored = _native(memoryview(file.data), h, pixel_offset) if pixel_offset is not None else _compressed(file, h)
     padding = None
     if h.padding_value is not None:
         pad, limit = (_stored_scalar(v, h) for v in (h.padding_value, h.padding_limit or h.padding_value))

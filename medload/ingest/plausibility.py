@@ -94,9 +94,10 @@ def series_problem(notes: Sequence[str | None], thumbs: Sequence[np.ndarray | No
     for z, note in enumerate(notes):
         if note is not None:
             return z, note
-    if not thumbs or thumbs[0] is None:
+    checked = [t for t in thumbs if t is not None]
+    if not thumbs or len(checked) < len(thumbs):  # unchecked (a series has thumbnails for all slices or none)
         return None
-    outlier = outlier_slice(thumbs)
+    outlier = outlier_slice(checked)
     if outlier is None:
         return None
     z, near, ref = outlier

@@ -100,7 +100,8 @@ def repair_store(store: str | Path, sources: Sequence[str | Path] = (), *, label
         report = ingest(list(sources), root, config=cfg, key_file=key_file, progress=progress, labels=labels,
                         force=keys, force_only=not unlisted)
         result.series = [s for s in report.series if s.key in keys or unlisted and s.status == "ingested"]
-        result.labels_dropped = [o.key for o in report.labels if o.status == "dropped"]
+        result.labels_dropped = [o.key for o in report.labels  # a dropped label always names its series
+                                 if o.status == "dropped" and o.key is not None]
     _retire(root, before, result)
     after = verify_store(root, progress=progress)
     if after.resealable:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -75,7 +76,7 @@ class IngestReport:
         bad = self.count("conflict") + len(self.quarantined("rejected"))
         return 1 if self.count("not_found") or self.count("failed") or self.count("unavailable") or (strict and bad) else 0
 
-    def mark_replaced(self, replaced: dict[bytes, bool]) -> None:
+    def mark_replaced(self, replaced: dict[builtins.bytes, bool]) -> None:  # the field `bytes` shadows the builtin here
         """Series written over a stored copy (key -> whether its stored labels were dropped, see
         :attr:`~medload.storage.writer.StoreWriter.replaced`) become ``replaced``; dropped labels are listed."""
         self.series = [replace(s, status="replaced") if s.status == "ingested" and bytes.fromhex(s.key) in replaced

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import TypedDict
 
 from medload import windows as win
 from medload.config import IngestConfig
@@ -42,6 +43,14 @@ from medload.storage.writer import StoreWriter
 __all__ = ["ingest"]
 
 log = logging.getLogger(__name__)
+
+
+class _OutcomeFields(TypedDict):
+    """The :class:`SeriesOutcome` fields every outcome of one candidate shares."""
+
+    key: str
+    modality: str
+    planes: int
 
 
 def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, config: IngestConfig | None = None,
@@ -192,7 +201,7 @@ def _plan(candidates: list[SeriesCandidate], writer: StoreWriter, cfg: IngestCon
     for cand in candidates:
         if force_only and cand.key not in forced:
             continue
-        outcome = dict(key=cand.key.hex(), modality=cand.first.modality, planes=len(cand.headers))
+        outcome = _OutcomeFields(key=cand.key.hex(), modality=cand.first.modality, planes=len(cand.headers))
         if cand.skip_reason:
             report.series.append(SeriesOutcome(status="skipped", reason=cand.skip_reason, **outcome))
             report.rejects.append(_series_record(cand, "skipped", "series", cand.skip_reason))

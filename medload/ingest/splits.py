@@ -98,10 +98,10 @@ def _type_labels(values: list[tuple[str, ...]]) -> dict[Hashable, str]:
     def word(token: str) -> str | None:
         return _TYPE_WORDS.get(token) or next((_TYPE_WORDS[t] for t in token.split("_") if t in _TYPE_WORDS), None)
 
-    named = {v: "_".join(sorted({w for t in ts if (w := word(t))})) for v, ts in tokens.items()}
+    named: dict[Hashable, str] = {v: "_".join(sorted({w for t in ts if (w := word(t))})) for v, ts in tokens.items()}
     if all(named.values()) and len(set(named.values())) == len(named):
         return named
-    raw = {v: "_".join(_slug(t) for t in ts) or "type" for v, ts in tokens.items()}
+    raw: dict[Hashable, str] = {v: "_".join(_slug(t) for t in ts) or "type" for v, ts in tokens.items()}
     if len(set(raw.values())) == len(raw):
         return raw
     return {v: f"type_{k}" for k, v in enumerate(sorted(values), 1)}
@@ -123,7 +123,7 @@ def _diffusion_labels(values: list[str]) -> dict[Hashable, str]:
     directions: dict[str, list[str]] = defaultdict(list)
     for b, d in pairs.values():
         directions[b].append(d)
-    out = {}
+    out: dict[Hashable, str] = {}
     for v, (b, d) in pairs.items():
         ranked = sorted(directions[b], key=lambda text: [_number(x) for x in text.split("\\")])
         out[v] = _b_text(b) + (f"_dir{ranked.index(d) + 1:02d}" if len(ranked) > 1 else "")

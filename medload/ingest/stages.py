@@ -83,11 +83,11 @@ class SeriesPlan:
         self.failure: Failure | None = None
 
 
-def _ordered(pool: IsolatedPool, fn: Callable, chunks: list[DecodeChunk], window: int,
-             ring: SliceRing | None) -> Iterator[tuple[DecodeChunk, object]]:
+def _ordered(pool: IsolatedPool, fn: Callable[[DecodeChunk], list[EncodedSlice] | Failure], chunks: list[DecodeChunk],
+             window: int, ring: SliceRing | None) -> Iterator[tuple[DecodeChunk, list[EncodedSlice] | Failure | Lost]]:
     """(chunk, result) in chunk order, at most ``window`` chunks in flight, each holding a ring slot
     until the caller has consumed its result."""
-    pending: deque[tuple[DecodeChunk, Job]] = deque()
+    pending: deque[tuple[DecodeChunk, Job[list[EncodedSlice] | Failure]]] = deque()
     todo = iter(chunks)
     while True:
         while len(pending) < window and (chunk := next(todo, None)) is not None:
@@ -98,7 +98,7 @@ def _ordered(pool: IsolatedPool, fn: Callable, chunks: list[DecodeChunk], window
             return
         chunk, job = pending.popleft()
         yield chunk, pool.wait(job)
-        if chunk.ring is not None:
+        if ring is not None and chunk.ring is not None:  # chunks hold a slot only when there is a ring
             ring.release(chunk.ring)
 
 
@@ -238,7 +238,7 @@ def _commit(state: _SeriesInProgress, cfg: IngestConfig, labels: LabelAssigner |
         modality=h.modality,
         digest=series_digest(state.digests, shape, cand.value_dtype),
         orientation=tuple(float(v) for v in h.orientation),
-        positions=tuple(tuple(float(v) for v in p) for p in geom.positions),
+        positions=tuple((float(x), float(y), float(z)) for x, y, z in geom.positions),  # (D, 3)
         patient=h.patient,
         study=h.study,
         series=h.series,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import struct
 from functools import cache
+from typing import overload
 
 from pydicom.datadict import dictionary_VR, tag_for_keyword
 from pydicom.dataelem import RawDataElement
@@ -31,6 +32,8 @@ _BINARY = {"US": "H", "SS": "h", "UL": "I", "SL": "i", "FL": "f", "FD": "d", "US
 @cache
 def _info(keyword: str) -> tuple[int, str, str]:
     tag = tag_for_keyword(keyword)
+    if tag is None:  # keywords are medload's own constants: a misspelt one is a bug, not bad input
+        raise ValueError(f"{keyword!r} is not a keyword of pydicom's DICOM data dictionary")
     return tag, dictionary_VR(tag), f"{keyword} ({tag >> 16:04X},{tag & 0xFFFF:04X})"
 
 
@@ -95,6 +98,10 @@ def _number(keyword: str, value) -> float:
     return x
 
 
+@overload
+def integer(ds: Dataset, keyword: str, *, default: int) -> int: ...
+@overload
+def integer(ds: Dataset, keyword: str, *, default: None) -> int | None: ...
 def integer(ds: Dataset, keyword: str, *, default: int | None) -> int | None:
     """An integer value (IS, US, SS...); ``default`` when absent."""
     values = _values(ds, keyword)

@@ -135,12 +135,15 @@ def _failure(ref: SourceRef, stage: str, exc: BaseException) -> Failure:
 def header_batch(refs: list[SourceRef]) -> list[list[SliceHeader] | LabelInput | Failure]:
     """Header pass over a batch of inputs: per input, its planes, the LabelInput of a SEG/RTSTRUCT, or a
     :class:`Failure`."""
-    out: list[list[SliceHeader] | Failure] = []
+    pseudo = _State.pseudo
+    if pseudo is None:
+        raise RuntimeError("header_batch runs in a process set up by init_worker (it has no pseudonymisation key)")
+    out: list[list[SliceHeader] | LabelInput | Failure] = []
     seen: dict = {}
     for i, ref in enumerate(refs):
         mark(i)
         try:
-            found = read_headers(ref, _State.pseudo, _State.cfg)
+            found = read_headers(ref, pseudo, _State.cfg)
         except FATAL:
             raise
         except BaseException as exc:  # noqa: BLE001 -- a damaged file must never stop the run (see FATAL)
@@ -242,6 +245,8 @@ def _resolve_slot(slot: list[SliceHeader], chunk: DecodeChunk, loaded: dict[Sour
                            f"{_plane_name(h)} share one position but hold different pixels, and nothing in their "
                            "headers tells them apart (type, echo, diffusion, time); policy: reject",
                            False, source_sha256(h.ref))
+    if kept is None:
+        raise ValueError("a slot without planes: geometry puts one plane or more at every position")
     return kept
 
 
