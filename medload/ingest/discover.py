@@ -20,6 +20,7 @@ import os
 import stat
 import tarfile
 import threading
+import weakref
 import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -210,7 +211,8 @@ class _TarHandle:
     """An uncompressed tar opened for ``pread``, with the data offset and size of each regular member."""
 
     def __init__(self, path: str) -> None:
-        self.file = open(path, "rb")  # closed when the last reference (cache or open view) goes
+        self.file = open(path, "rb")
+        weakref.finalize(self, self.file.close)  # when the last reference (cache or open view) goes, or at exit
         self.stamp = _stamp(os.fstat(self.file.fileno()))
         self.index: dict[str, tuple[int, int]] = {}
         with tarfile.open(fileobj=self.file, mode="r:") as archive:
