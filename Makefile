@@ -42,6 +42,7 @@ demo: $(BIN)/.installed
 
 test: $(BIN)/.dev-installed apt-deps
 	$(BIN)/ruff check medload tests benchmarks sample_data
+	$(BIN)/mypy  # the whole medload package (settings: pyproject.toml [tool.mypy])
 	$(BIN)/pytest -q
 	$(BIN)/pytest -q --nbmake notebooks
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
