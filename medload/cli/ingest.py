@@ -11,6 +11,7 @@ import click
 from rich.table import Table
 
 from medload.cli.app import cli, console, renamed, short, size
+from medload.cli.options import ca_bundle_option, credentials_option, key_file_option
 from medload.config import MedloadConfig, with_overrides
 from medload.storage.codec import CODECS, DEFAULT_CODEC
 
@@ -50,8 +51,7 @@ class _Source(click.Path):
 @click.option("--time-series", type=click.Choice(["split", "reject"]), default=None,
               help="Stacks at the same positions over time (fMRI, perfusion, 4-D CT): one volume per time point "
                    "(default, flags t_01...), or reject the series.")
-@click.option("--key-file", type=click.Path(path_type=Path), default=None,
-              help="Pseudonymisation key (default $MEDLOAD_KEY_FILE or ~/.config/medload/pseudonym.key).")
+@key_file_option
 @click.option("--strict", is_flag=True, default=None, help="Exit 1 if any input was rejected.")
 @click.option("--labels", "label_paths", multiple=True, type=click.Path(exists=True, path_type=Path),
               help="Label masks (NIfTI/NRRD named after the SeriesInstanceUID or a key prefix), SEG/RTSTRUCT files, "
@@ -70,11 +70,8 @@ class _Source(click.Path):
               help="dimse:// source: medload's own AE title (default MEDLOAD), as registered in the PACS with "
                    "permission to query (C-FIND) and retrieve (C-GET). Plain DIMSE is unencrypted: use it on a "
                    "trusted network only.")
-@click.option("--credentials", type=click.Path(path_type=Path), default=None,
-              help="dicomweb:// source: file (mode 0600) holding user:password or a bearer token; else the "
-                   "MEDLOAD_DICOMWEB_USER and MEDLOAD_DICOMWEB_PASSWORD, or MEDLOAD_DICOMWEB_TOKEN, variables.")
-@click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="dicomwebs:// source: PEM certificates of the CA that signed the server's (verification is always on).")
+@credentials_option
+@ca_bundle_option
 @click.option("--connections", type=int, default=None, help="dicomweb:// source: instances retrieved at once (default 8).")
 @click.option("--spool-instances", type=int, default=None,
               help="dicomweb:// or dimse:// source: instances spooled on disk at once (default 1000; a larger series "

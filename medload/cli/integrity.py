@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from medload.cli.app import cli
+from medload.cli.options import key_file_option
 from medload.config import MedloadConfig, with_overrides
 
 
@@ -51,8 +52,7 @@ def _print_findings(report, prefix: str) -> None:
               help="Labels of the damaged series, as for ingest --labels (SEG/RTSTRUCT among --sources pair "
                    "by themselves). Repeatable.")
 @click.option("--workers", type=int, default=None, help="Decoding processes (default: all cores).")
-@click.option("--key-file", type=click.Path(path_type=Path), default=None,
-              help="Pseudonymisation key of the store (default $MEDLOAD_KEY_FILE or ~/.config/medload/pseudonym.key).")
+@key_file_option
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.pass_obj
 def repair(config: MedloadConfig, store: Path, source_paths: tuple[Path, ...], label_paths: tuple[Path, ...],

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from medload.cli.app import cli, console, short
+from medload.cli.options import ca_bundle_option, credentials_option, key_file_option
 from medload.config import MedloadConfig
 
 
@@ -32,15 +33,11 @@ def _segment(ctx, param, values: tuple[str, ...]) -> dict[int, str] | None:
               help="Name of class id ID, e.g. 1=bone (repeatable; ids 1..N; default class_<id>).")
 @click.option("--query", default="", help="Matching keys narrowing the search for the original series (QIDO-RS or "
                                           "C-FIND), e.g. 'StudyDate=20150101-20151231'.")
-@click.option("--credentials", type=click.Path(path_type=Path), default=None,
-              help="dicomweb://: file (mode 0600) holding user:password or a bearer token; else the "
-                   "MEDLOAD_DICOMWEB_USER and MEDLOAD_DICOMWEB_PASSWORD, or MEDLOAD_DICOMWEB_TOKEN, variables.")
-@click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="dicomwebs://: PEM certificates of the CA that signed the server's.")
+@credentials_option
+@ca_bundle_option
 @click.option("--calling-aet", default="MEDLOAD", show_default=True,
               help="dimse://: medload's AE title, allowed by the PACS to query, retrieve and store.")
-@click.option("--key-file", type=click.Path(path_type=Path), default=None,
-              help="The store's pseudonymisation key (default $MEDLOAD_KEY_FILE or ~/.config/medload/pseudonym.key).")
+@key_file_option
 @click.option("--algorithm", default="medload", show_default=True, help="Name of the algorithm that made the mask.")
 @click.option("--algorithm-version", default=None, help="Its version (default: medload's).")
 @click.option("--series-description", default="medload segmentation", show_default=True)
