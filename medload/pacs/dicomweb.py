@@ -1,4 +1,5 @@
-"""A small DICOMweb client: QIDO-RS searches and WADO-RS retrieval of single instances, over httpx.
+"""A small DICOMweb client: QIDO-RS searches, WADO-RS retrieval of single instances and the POST that
+STOW-RS stores with (:mod:`medload.writeback.pacs`), over httpx.
 
 - Series search: ``GET {root}/series?{query}`` with study- and series-level matching keys
   (PS3.18 §10.6, Search Transaction); instances of a series: ``GET .../series/{uid}/instances``, of
@@ -279,6 +280,27 @@ class DicomWebClient:
                     raise _Transient(f"transfer broke off: {_describe(exc)}") from None
 
         return self._with_retries(attempt, "instance retrieval", InputProblem)
+
+    # ---- writes (STOW-RS) ---------------------------------------------------------------------
+    def post(self, path: str, content: bytes, headers: dict[str, str], what: str,
+             accepted: frozenset[int]) -> httpx.Response:
+        """POST ``content`` to ``path`` under the service root, retried on transport errors and transient
+        statuses as searches are (for idempotent writes only, such as STOW-RS: a PACS keeps one instance per
+        SOPInstanceUID); a RemoteSourceError saying what to do on a status outside ``accepted``."""
+        def attempt() -> httpx.Response:
+            try:
+                response = self._http.post(self.endpoint.base + path, content=content, headers=headers)
+            except httpx.TransportError as exc:
+                raise _Transient(_describe(exc), unreachable=isinstance(exc, httpx.ConnectError)) from None
+            if response.status_code in _TRANSIENT:
+                raise _Transient(f"HTTP {response.status_code} {response.reason_phrase}",
+                                 response.headers.get("retry-after"))
+            return response
+
+        response = self._with_retries(attempt, what)
+        if response.status_code not in accepted:
+            raise RemoteSourceError(self._status_message(response, what))
+        return response
 
     # ---- plumbing ------------------------------------------------------------------------------
     @contextmanager

@@ -101,7 +101,7 @@ def ingest_dicomweb(url: str, store: str | Path, *, query: str = "", credentials
     with DicomWebClient(endpoint, creds, verify=verify, connections=options.connections, timeout=options.timeout,
                         retry=options.retry) as client:
         found = client.search_series(search)
-        return _ingest_found(_Wado(client, options), found, "dicomweb", store, config or IngestConfig(), key_file,
+        return _ingest_found(WadoRetriever(client, options), found, "dicomweb", store, config or IngestConfig(), key_file,
                              pseudo, progress, options, started)
 
 
@@ -339,7 +339,7 @@ class _Fetcher:
                                                 planes, reason=reason))
 
 
-class _Wado:
+class WadoRetriever:
     """DICOMweb retrieval: ``connections`` threads, each streaming one instance (WADO-RS) into the spool."""
 
     def __init__(self, client: DicomWebClient, options: RetrieveOptions) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,8 +24,7 @@ from pydicom import Dataset
 from pydicom.filebase import DicomBytesIO
 
 from medload.errors import ConfigError, RemoteSourceError
-from medload.extras import require
-from medload.pacs.dicomweb import _TRANSIENT, DicomWebClient, InstanceRef, SeriesRef, _describe, _Transient
+from medload.pacs.dicomweb import DicomWebClient, InstanceRef, SeriesRef
 from medload.pacs.endpoint import (
     is_dicomweb_url,
     is_dimse_url,
@@ -33,10 +33,7 @@ from medload.pacs.endpoint import (
     parse_endpoint,
     tls_context,
 )
-from medload.pacs.ingest import RetrieveOptions, _Wado
-
-require("httpx", "dicomweb", "Storing to a dicomweb:// PACS (STOW-RS)")
-import httpx  # noqa: E402
+from medload.pacs.ingest import RetrieveOptions, WadoRetriever
 
 if TYPE_CHECKING:
     from medload.pacs.dimse import DimseClient
@@ -110,9 +107,9 @@ def connect(url: str, *, credentials: str | Path | None = None, ca_bundle: str |
         raise ConfigError("--ca-bundle applies to dicomwebs:// (TLS) PACS only")
     creds = load_credentials(None if credentials is None else Path(credentials).expanduser())
     verify = tls_context(None if ca_bundle is None else Path(ca_bundle).expanduser())
-    web = _StowClient(endpoint, creds, verify=verify, connections=options.connections, timeout=timeout,
-                      retry=options.retry)
-    return PacsConnection(endpoint.base, web, _Wado(web, options).retrieve, web.store)
+    web = DicomWebClient(endpoint, creds, verify=verify, connections=options.connections, timeout=timeout,
+                         retry=options.retry)
+    return PacsConnection(endpoint.base, web, WadoRetriever(web, options).retrieve, partial(_stow, web))
 
 
 def _part10(ds: Dataset) -> bytes:
@@ -122,47 +119,33 @@ def _part10(ds: Dataset) -> bytes:
     return buffer.getvalue()
 
 
-class _StowClient(DicomWebClient):
-    """The DICOMweb client with STOW-RS; retries transient failures as searches do (storing an instance
-    twice is harmless: a PACS keeps one instance per SOPInstanceUID)."""
-
-    def store(self, datasets: list[Dataset]) -> None:
-        boundary = secrets.token_hex(16)
-        body = b"".join(b"--" + boundary.encode() + b"\r\nContent-Type: application/dicom\r\n\r\n" + _part10(ds)
-                        + b"\r\n" for ds in datasets) + f"--{boundary}--\r\n".encode()
-        headers = {"Content-Type": f'multipart/related; type="application/dicom"; boundary={boundary}',
-                   "Accept": "application/dicom+json, application/json"}
-
-        def attempt() -> httpx.Response:
-            try:
-                response = self._http.post(self.endpoint.base + "/studies", content=body, headers=headers)
-            except httpx.TransportError as exc:
-                raise _Transient(_describe(exc), unreachable=isinstance(exc, httpx.ConnectError)) from None
-            if response.status_code in _TRANSIENT:
-                raise _Transient(f"HTTP {response.status_code} {response.reason_phrase}",
-                                 response.headers.get("retry-after"))
-            return response
-
-        response = self._with_retries(attempt, _STOW)
-        if response.status_code not in (200, 202, 409):
-            raise RemoteSourceError(self._status_message(response, _STOW))
-        try:
-            doc = response.json() if response.content.strip() else {}
-        except ValueError:
-            doc = None
-        if isinstance(doc, list) and len(doc) == 1:
-            doc = doc[0]
-        if not isinstance(doc, dict):
-            raise RemoteSourceError(f"{self.endpoint.base}: the {_STOW} did not answer a DICOM JSON Store Instances "
-                                    f"Response (HTTP {response.status_code}): check the server's log")
-        stored = {str(v) for item in _items(doc, _REFERENCED_SOP) for v in _values(item, _INSTANCE_UID)}
-        reasons = sorted({f"0x{int(v):04X}" for item in _items(doc, _FAILED_SOP) for v in _values(item, _FAILURE_REASON)})
-        missing = [ds for ds in datasets if str(ds.SOPInstanceUID) not in stored]
-        if missing or response.status_code == 409:
-            why = f"failure reason(s) {', '.join(reasons)} (PS3.18 Table 10.5.3-1)" if reasons else "no reason given"
-            raise RemoteSourceError(f"{self.endpoint.base} did not store {len(missing)} of {len(datasets)} instance(s) "
-                                    f"(HTTP {response.status_code}; {why}): check that the account may store "
-                                    "(STOW-RS) and that the server accepts the SOP class, and its log")
+def _stow(client: DicomWebClient, datasets: Sequence[Dataset]) -> None:
+    """Store ``datasets`` with one STOW-RS request (PS3.18 §10.5), retried as searches are (storing an
+    instance twice is harmless); a RemoteSourceError naming what the server did not store, and why."""
+    boundary = secrets.token_hex(16)
+    body = b"".join(b"--" + boundary.encode() + b"\r\nContent-Type: application/dicom\r\n\r\n" + _part10(ds)
+                    + b"\r\n" for ds in datasets) + f"--{boundary}--\r\n".encode()
+    headers = {"Content-Type": f'multipart/related; type="application/dicom"; boundary={boundary}',
+               "Accept": "application/dicom+json, application/json"}
+    response = client.post("/studies", body, headers, _STOW, frozenset({200, 202, 409}))
+    base = client.endpoint.base
+    try:
+        doc = response.json() if response.content.strip() else {}
+    except ValueError:
+        doc = None
+    if isinstance(doc, list) and len(doc) == 1:
+        doc = doc[0]
+    if not isinstance(doc, dict):
+        raise RemoteSourceError(f"{base}: the {_STOW} did not answer a DICOM JSON Store Instances "
+                                f"Response (HTTP {response.status_code}): check the server's log")
+    stored = {str(v) for item in _items(doc, _REFERENCED_SOP) for v in _values(item, _INSTANCE_UID)}
+    reasons = sorted({f"0x{int(v):04X}" for item in _items(doc, _FAILED_SOP) for v in _values(item, _FAILURE_REASON)})
+    missing = [ds for ds in datasets if str(ds.SOPInstanceUID) not in stored]
+    if missing or response.status_code == 409:
+        why = f"failure reason(s) {', '.join(reasons)} (PS3.18 Table 10.5.3-1)" if reasons else "no reason given"
+        raise RemoteSourceError(f"{base} did not store {len(missing)} of {len(datasets)} instance(s) "
+                                f"(HTTP {response.status_code}; {why}): check that the account may store "
+                                "(STOW-RS) and that the server accepts the SOP class, and its log")
 
 
 def _items(doc: dict, tag: str) -> list[dict]:
