@@ -394,11 +394,14 @@ def _text(item: dict, tag: str) -> str | None:
     return str(values[0]).strip() if values and values[0] is not None else None
 
 
-def _uid(item: dict, tag: str) -> str | None:
-    """A UID value, or None unless it is a valid UID (digits and dots, at most 64 characters): it goes
-    into request paths."""
-    value = _text(item, tag)
+def valid_uid(value: str | None) -> str | None:
+    """``value`` if it is a valid UID (PS3.5 §9.1: digits and dots, at most 64 characters), else None: UIDs
+    from a PACS go into request paths and file names. Shared by the DICOMweb and DIMSE clients."""
     return value if value and len(value) <= 64 and _UID.fullmatch(value) else None
+
+
+def _uid(item: dict, tag: str) -> str | None:
+    return valid_uid(_text(item, tag))
 
 
 def _int(item: dict, tag: str) -> int | None:

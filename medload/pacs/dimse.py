@@ -58,11 +58,11 @@ from medload import __version__
 from medload.errors import ConfigError, InputProblem, RemoteSourceError, StoreError
 from medload.extras import require
 from medload.pacs.dicomweb import (  # one UID rule and one choice of instances for both protocols
-    _UID,
     RETRIEVED_SOP_CLASSES,
     InstanceRef,
     SeriesRef,
     retrievable,
+    valid_uid,
 )
 from medload.pacs.endpoint import DimseEndpoint, check_ae_title
 
@@ -380,9 +380,7 @@ def _get_outcome(code: int | None, status: Dataset, timeout: float) -> str:
 
 
 def _uid(item: Dataset, keyword: str) -> str | None:
-    """A UID value, or None unless it is a valid UID (PS3.5 §9.1: digits and dots, at most 64 characters)."""
-    value = str(item.get(keyword, "") or "").strip()
-    return value if len(value) <= 64 and _UID.fullmatch(value) else None
+    return valid_uid(str(item.get(keyword, "") or "").strip())
 
 
 def _int(item: Dataset, keyword: str) -> int | None:
