@@ -292,9 +292,7 @@ class DicomWebClient:
                 response = self._http.post(self.endpoint.base + path, content=content, headers=headers)
             except httpx.TransportError as exc:
                 raise _Transient(_describe(exc), unreachable=isinstance(exc, httpx.ConnectError)) from None
-            if response.status_code in _TRANSIENT:
-                raise _Transient(f"HTTP {response.status_code} {response.reason_phrase}",
-                                 response.headers.get("retry-after"))
+            _raise_if_transient(response)
             return response
 
         response = self._with_retries(attempt, what)
@@ -320,9 +318,7 @@ class DicomWebClient:
                     f"{self.endpoint.base}: the server's TLS certificate is not trusted ({_describe(exc)}): give the "
                     "CA that signed it (or the server's own certificate) with --ca-bundle FILE") from None
             raise _Transient(_describe(exc), unreachable=isinstance(exc, httpx.ConnectError)) from None
-        if response.status_code in _TRANSIENT:
-            response.close()
-            raise _Transient(f"HTTP {response.status_code} {response.reason_phrase}", response.headers.get("retry-after"))
+        _raise_if_transient(response)
         try:
             yield response
         finally:
@@ -384,13 +380,21 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _values(item: dict, tag: str) -> list:
+def _raise_if_transient(response: httpx.Response) -> None:
+    """``_Transient`` (the response closed) for a status worth retrying: HTTP 429/502/503/504."""
+    if response.status_code in _TRANSIENT:
+        response.close()
+        raise _Transient(f"HTTP {response.status_code} {response.reason_phrase}", response.headers.get("retry-after"))
+
+
+def json_values(item: dict, tag: str) -> list:
+    """The ``Value`` list of ``tag`` in a DICOM JSON object (PS3.18 Annex F), empty if absent."""
     attr = item.get(tag)
     return attr.get("Value", []) if isinstance(attr, dict) else []
 
 
 def _text(item: dict, tag: str) -> str | None:
-    values = _values(item, tag)
+    values = json_values(item, tag)
     return str(values[0]).strip() if values and values[0] is not None else None
 
 

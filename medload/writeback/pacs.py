@@ -24,7 +24,7 @@ from pydicom import Dataset
 from pydicom.filebase import DicomBytesIO
 
 from medload.errors import ConfigError, RemoteSourceError
-from medload.pacs.dicomweb import DicomWebClient, InstanceRef, SeriesRef
+from medload.pacs.dicomweb import DicomWebClient, InstanceRef, SeriesRef, json_values
 from medload.pacs.endpoint import (
     is_dicomweb_url,
     is_dimse_url,
@@ -138,8 +138,8 @@ def _stow(client: DicomWebClient, datasets: Sequence[Dataset]) -> None:
     if not isinstance(doc, dict):
         raise RemoteSourceError(f"{base}: the {_STOW} did not answer a DICOM JSON Store Instances "
                                 f"Response (HTTP {response.status_code}): check the server's log")
-    stored = {str(v) for item in _items(doc, _REFERENCED_SOP) for v in _values(item, _INSTANCE_UID)}
-    reasons = sorted({f"0x{int(v):04X}" for item in _items(doc, _FAILED_SOP) for v in _values(item, _FAILURE_REASON)})
+    stored = {str(v) for item in _items(doc, _REFERENCED_SOP) for v in json_values(item, _INSTANCE_UID)}
+    reasons = sorted({f"0x{int(v):04X}" for item in _items(doc, _FAILED_SOP) for v in json_values(item, _FAILURE_REASON)})
     missing = [ds for ds in datasets if str(ds.SOPInstanceUID) not in stored]
     if missing or response.status_code == 409:
         why = f"failure reason(s) {', '.join(reasons)} (PS3.18 Table 10.5.3-1)" if reasons else "no reason given"
@@ -149,9 +149,4 @@ def _stow(client: DicomWebClient, datasets: Sequence[Dataset]) -> None:
 
 
 def _items(doc: dict, tag: str) -> list[dict]:
-    return [item for item in _values(doc, tag) if isinstance(item, dict)]
-
-
-def _values(doc: dict, tag: str) -> list:
-    attr = doc.get(tag)
-    return attr.get("Value", []) if isinstance(attr, dict) else []
+    return [item for item in json_values(doc, tag) if isinstance(item, dict)]
