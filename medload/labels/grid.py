@@ -9,12 +9,15 @@ slice z)``: ``lps = affine_lps @ (j, i, z, 1)``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import SimpleITK as sitk
 
 from medload.errors import InputProblem
 from medload.storage.records import SeriesRecord
+
+if TYPE_CHECKING:
+    import SimpleITK as sitk
 
 __all__ = ["SeriesGrid", "LabelVolume", "LabelProblem", "RAS_TO_LPS"]
 
@@ -58,8 +61,10 @@ class SeriesGrid:
         idx = np.c_[np.asarray(index, dtype=np.float64), np.ones(len(index))]
         return (self.affine_lps @ idx.T).T[:, :3]
 
-    def sitk_reference(self):
+    def sitk_reference(self) -> sitk.Image:
         """An empty SimpleITK image with this grid (origin, spacing, direction), for resampling onto it."""
+        import SimpleITK as sitk
+
         d, h, w = self.shape
         columns = self.affine_lps[:3, :3]
         spacing = np.linalg.norm(columns, axis=0)

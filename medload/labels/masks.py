@@ -21,12 +21,15 @@ floats (probabilities) are refused rather than silently thresholded.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import nibabel as nib
 import numpy as np
-import SimpleITK as sitk
 
 from medload.labels.grid import RAS_TO_LPS, LabelProblem, LabelVolume, SeriesGrid
+
+if TYPE_CHECKING:  # both are imported where a mask is read: an ingest without masks never loads them
+    import nibabel as nib
+    import SimpleITK as sitk
 
 __all__ = ["mask_to_grid", "image_affine_lps", "nifti_affine", "GRID_TOLERANCE_MM", "DIRECTION_TOLERANCE"]
 
@@ -78,6 +81,8 @@ def nifti_affine(image: nib.Nifti1Image) -> np.ndarray:
 
 def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """``(values (z, y, x), affine of voxel (x, y, z) in LPS)`` of a NIfTI, as MONAI's NibabelReader reads it."""
+    import nibabel as nib
+
     try:
         image = nib.load(path)
         if not isinstance(image, nib.Nifti1Image):  # a NIfTI-2 image is one too
@@ -94,6 +99,8 @@ def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def _read_sitk(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """``(values (z, y, x), affine of voxel (x, y, z) in LPS)`` of a NRRD or MetaImage, read with SimpleITK."""
+    import SimpleITK as sitk
+
     try:
         image = sitk.ReadImage(str(path))
     except RuntimeError as err:
@@ -163,6 +170,8 @@ def _resample(labels: np.ndarray, affine: np.ndarray, grid: SeriesGrid) -> np.nd
     """Nearest-neighbour values of ``labels`` (z, y, x) at the grid's voxel centres: SimpleITK for a mask
     with orthonormal axes, else every grid centre mapped through the mask's inverse affine."""
     if _orthonormal(affine):
+        import SimpleITK as sitk
+
         spacing = np.linalg.norm(affine[:3, :3], axis=0)
         source = sitk.GetImageFromArray(labels)
         source.SetOrigin(tuple(float(v) for v in affine[:3, 3]))

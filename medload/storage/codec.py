@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from types import ModuleType
 
-import blosc2
 import numpy as np
 import xxhash
 
@@ -45,21 +45,32 @@ _DTYPES: dict[int, np.dtype] = {
 _DTYPE_CODES = {dt: code for code, dt in _DTYPES.items()}
 
 
+def _blosc2() -> ModuleType:
+    """python-blosc2, imported on the first slice encoded or decoded: importing it takes longer than the
+    rest of ``import medload`` (it brings its own HTTP client and array engine), and ``ls``, ``info`` or
+    ``--help`` never need it."""
+    import blosc2
+
+    return blosc2
+
+
 @dataclass(frozen=True)
 class SliceCodec:
-    """A named way of turning a 2-D array into payload bytes and back."""
+    """A named way of turning a 2-D array into payload bytes and back (``blosc_codec``: a member name of
+    ``blosc2.Codec``, or None for raw bytes)."""
 
     name: str
     codec_id: int
-    blosc_codec: blosc2.Codec | None = None
+    blosc_codec: str | None = None
     clevel: int = 0
 
     def compress(self, array: np.ndarray) -> bytes:
         if self.blosc_codec is None:
             return array.tobytes()
+        blosc2 = _blosc2()
         return blosc2.compress2(
             array,
-            codec=self.blosc_codec,
+            codec=blosc2.Codec[self.blosc_codec],
             clevel=self.clevel,
             filters=[blosc2.Filter.BITSHUFFLE],
             typesize=array.dtype.itemsize,
@@ -71,15 +82,15 @@ class SliceCodec:
         if self.blosc_codec is None:
             out.reshape(-1).view(np.uint8)[:] = np.frombuffer(payload, dtype=np.uint8)
         else:
-            blosc2.decompress2(payload, dst=out, nthreads=1)
+            _blosc2().decompress2(payload, dst=out, nthreads=1)
 
 
 CODECS: dict[str, SliceCodec] = {
     c.name: c
     for c in (
         SliceCodec("raw", 0),
-        SliceCodec("blosc2-lz4", 1, blosc2.Codec.LZ4, 5),
-        SliceCodec("blosc2-zstd", 2, blosc2.Codec.ZSTD, 1),
+        SliceCodec("blosc2-lz4", 1, "LZ4", 5),
+        SliceCodec("blosc2-zstd", 2, "ZSTD", 1),
     )
 }
 _BY_ID = {c.codec_id: c for c in CODECS.values()}
