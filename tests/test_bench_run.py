@@ -227,16 +227,22 @@ def test_gpu_measures_run_on_the_cpu_too(tmp_path):
 
 
 def test_the_command_line_runs_a_section_and_writes_json_and_markdown(tmp_path):
-    """``medload bench`` as a user runs it: a real quick ingest section, its figures in JSON and markdown."""
+    """``medload bench`` as a user runs it: a real quick section (scaling, the quickest that measures; the
+    ``bench`` fixture above runs every section in process), its figures in JSON and markdown."""
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "medload.cli", "bench", "--quick", "--sections", "ingest", "--no-progress",
+    cmd = [sys.executable, "-m", "medload.cli", "bench", "--quick", "--sections", "scaling", "--no-progress",
            "--json", str(tmp_path / "b.json"), "--readme", str(tmp_path / "b.md")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    rows = {r["contender"]: r for r in json.loads((tmp_path / "b.json").read_text())["ingest"]["rows"]}
-    assert rows["medload ingest (1 worker)"]["files_per_s"] > 0
-    assert "| medload ingest (1 worker) |" in (tmp_path / "b.md").read_text()
+    results = json.loads((tmp_path / "b.json").read_text())
+    assert results["config"]["command"] == "medload bench --quick --sections scaling"
+    rows = results["scaling"]["rows"]
+    assert [(r["series"], r["status"]) for r in rows] == [(1, "ok"), (4, "ok")]
+    assert all(r["samples_per_s"] > 0 for r in rows)
+    markdown = (tmp_path / "b.md").read_text()
+    assert markdown.startswith("`medload bench --quick --sections scaling` on ")
+    assert f"| 4 | {rows[1]['slices']} |" in markdown and "**Memory target" in markdown
     bad = subprocess.run([*cmd[:3], "bench", "--sections", "speed"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown benchmark sections" in bad.stderr
