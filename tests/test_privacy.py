@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import multiprocessing
 import os
 import re
 import stat
@@ -171,3 +172,33 @@ def test_every_record_field_from_dicom_is_in_the_deid_table() -> None:
     fields = {f.name for f in dataclasses.fields(SeriesRecord)} - _NOT_FROM_DICOM
     assert fields - documented == set(), "record fields missing from the table in medload/ingest/deid.py"
     assert fields >= {"patient", "study", "series", "frame_of_reference", "affine", "modality"}
+
+
+
+
+def _race_for_key(path: str, barrier, results) -> None:
+    barrier.wait()  # every process asks for the key at the same moment
+    try:
+        results.put(("ok", deid.load_key(path).hex()))
+    except Exception as exc:  # reported to the test, which names it
+        results.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def test_first_time_processes_at_once_all_get_the_one_key_created(tmp_path) -> None:
+    """Eight processes ask for a key that does not exist yet, at once, twenty times over: each gets the same
+    whole key (none reads a half-written file or fails because another created it first), the file is
+    private (0600) and no temporary file is left."""
+    ctx = multiprocessing.get_context("fork")  # cheap children: the race is in load_key, not in imports
+    for round_ in range(20):
+        path = tmp_path / f"config{round_}" / "pseudonym.key"
+        barrier, results = ctx.Barrier(8), ctx.Queue()
+        procs = [ctx.Process(target=_race_for_key, args=(str(path), barrier, results)) for _ in range(8)]
+        for p in procs:
+            p.start()
+        got = [results.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+        assert [kind for kind, _ in got] == ["ok"] * 8, got
+        assert {key for _, key in got} == {path.read_text().strip()}
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert sorted(p.name for p in path.parent.iterdir()) == ["pseudonym.key"]

@@ -51,6 +51,7 @@ import hmac
 import logging
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 from medload.errors import ConfigError
@@ -77,11 +78,7 @@ def load_key(path: str | os.PathLike | None = None, *, create: bool = True) -> b
     if not path.exists():
         if not create:
             raise ConfigError(f"pseudonymisation key {path} does not exist: pass the key the store was built with")
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(_KEY_BYTES) + "\n")
-        log.warning("created a new pseudonymisation key at %s: keep it (and back it up) outside the store", path)
+        _create_key(path)
     try:
         key = bytes.fromhex(path.read_text().strip())
     except ValueError:
@@ -89,6 +86,29 @@ def load_key(path: str | os.PathLike | None = None, *, create: bool = True) -> b
     if len(key) < 16:
         raise ConfigError(f"key in {path} is only {len(key)} bytes: use at least 16 random bytes")
     return key
+
+
+def _create_key(path: Path) -> None:
+    """Write a new key at ``path``, unless another process creates one there first (two first-time ingests
+    at once): the key is written in full to a private temporary file and hard-linked into place, which is
+    atomic and never replaces an existing key, so every process reads the one whole key that won."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(_KEY_BYTES) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return  # another process's key won: read that one
+        except OSError as err:  # a file system without hard links
+            raise ConfigError(f"cannot create the pseudonymisation key {path}: {err.strerror}; write 64 random hex "
+                              "digits to a file yourself and pass it with --key-file") from None
+    finally:
+        os.unlink(tmp)
+    log.warning("created a new pseudonymisation key at %s: keep it (and back it up) outside the store", path)
 
 
 class Pseudonymizer:
