@@ -52,8 +52,7 @@ test: $(BIN)/.dev-installed apt-deps
 	$(BIN)/ruff check medload tests benchmarks sample_data
 	$(BIN)/mypy  # the whole medload package (settings: pyproject.toml [tool.mypy])
 	$(COMPILE)
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
-	$(BIN)/pytest -q --nbmake notebooks
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --nbmake notebooks tests  # the notebooks too (nbmake)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
 # The quick tier while working: no apt packages, servers, Dask or torchrun, nothing marked slow (pyproject.toml)
