@@ -6,8 +6,9 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 STORE ?= stores/sample
-# processes for the full suite (pytest-xdist), each running whole test modules (--dist loadfile): 11 min 46 s
-# instead of 19 min 16 s measured on the 2-core VM; the fast tier gains nothing from it (82 s either way)
+# processes for the full suite (pytest-xdist), each running whole test modules (--dist loadfile). On the
+# 2-core VM two beat one (11 min 46 s against 19 min 16 s) and three (8 min 24 s against 9 min 00 s, the
+# same hour); the fast tier gains nothing from them (82 s either way)
 TEST_WORKERS ?= 2
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # setuptools warns on every editable install that a folder named like the package may shadow it: that
