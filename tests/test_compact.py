@@ -102,6 +102,29 @@ def test_compact_frees_what_force_left_and_keeps_every_series(forced, store):
     assert shard_bytes(store) == after
 
 
+def test_a_store_opened_before_compact_reads_from_the_replacement_shards(forced, store, caplog):
+    """A reader (a training job) opened before ``medload compact`` ran in another process: its next reads
+    of the series whose shard compact rewrote or removed find that shard gone, re-read store.json and read
+    the same values from the shard that replaced it; no error reaches the caller."""
+    _, reference, _, _ = forced
+    reader = open_store(store, cache=0)
+    stale = {r.key: r.shard for r in reader.series()}  # records (and shard names) as before compact
+    reader.close()  # as a worker that has not opened the shards yet: it opens them by path
+    proc = medload("compact", store, "--no-progress")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    gone = set(stale.values()) - {e.name for e in read_manifest(store).shards}
+    assert gone and {r.shard for r in reader.series()} == set(stale.values())  # it has not looked yet
+    caplog.set_level("INFO", logger="medload.storage.store")
+    for key, (_, hu, lung, label) in ((k, v) for k, v in reference.items() if k != "rejects"):
+        assert reader.read(key).tobytes() == hu
+        assert b"".join(p.tobytes() for p in reader.planes(key, plane="lung")) == lung
+        if label is not None:
+            assert reader.read_label(key).tobytes() == label[1]
+    assert {r.shard for r in reader.series()}.isdisjoint(gone)  # it follows store.json now
+    assert any("was replaced since store.json was read" in m for m in caplog.messages)
+    reader.close()
+
+
 def test_force_and_compact_again_and_again_does_not_grow_the_store(forced, store):
     key = open_store(store).series()[0].key
     sizes = []

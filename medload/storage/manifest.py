@@ -27,7 +27,7 @@ from pathlib import Path
 
 import xxhash
 
-from medload.errors import ManifestDamagedError, StoreError, StoreFormatError
+from medload.errors import ManifestDamagedError, MedloadError, StoreError, StoreFormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry", "ShardKeys", "read_manifest",
            "write_manifest", "restore_manifest", "manifest_path", "backup_path", "shard_path", "staging_path",
@@ -182,6 +182,16 @@ def read_manifest(root: Path) -> Manifest:
         if backup_path(root).is_file():
             raise ManifestDamagedError(f"{exc}: {restore}") from None
         raise
+
+
+def replaced(root: Path, entry: ShardEntry) -> bool:
+    """Whether ``store.json`` no longer lists ``entry`` (compact or repair replaced or dropped the shard
+    since it was read); a ``store.json`` that cannot be read is not taken for a replacement."""
+    try:
+        current = read_manifest(root)
+    except MedloadError:
+        return False
+    return not any(s.name == entry.name and s.digest == entry.digest for s in current.shards)
 
 
 def write_file_atomic(path: Path, data: bytes) -> None:

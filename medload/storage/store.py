@@ -14,6 +14,9 @@ an environment is never used across ``fork``).
 A store with a shard that cannot be read opens degraded (see :mod:`medload.storage.availability`):
 :meth:`Store.unavailable` names the shard, why, and its series; reading one of them raises
 :class:`~medload.errors.ShardUnavailableError` saying what to do; every other series reads as before.
+
+A read that finds its shard replaced by ``compact`` or ``repair`` since ``store.json`` was read re-reads
+``store.json`` and reads the replacement: a training job keeps running while its store is compacted.
 """
 
 from __future__ import annotations
@@ -46,11 +49,11 @@ from medload.storage import shard as sh
 from medload.storage.availability import Unavailable, read_shards, repair_hint, unavailable
 from medload.storage.keys import match_key, slice_key
 from medload.storage.live import merge
-from medload.storage.manifest import Manifest, ShardEntry, read_manifest, shard_path
+from medload.storage.manifest import Manifest, ShardEntry, read_manifest, replaced, shard_path
 from medload.storage.read_spans import span_end
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 from medload.storage.selection import select_series, slab_starts, thick_enough
-from medload.storage.uri import item_uri
+from medload.storage.uri import monai_items
 from medload.storage.value_reads import advise_values, read_values
 
 if TYPE_CHECKING:
@@ -116,7 +119,8 @@ class Store:
         Store.__init__(self, state["path"], state["cache"])
 
     def refresh(self) -> None:
-        """Re-read ``store.json`` to see shards published since the store was opened."""
+        """Re-read ``store.json`` to see shards published since the store was opened (a read of a shard
+        that compact or repair replaced meanwhile does this by itself)."""
         self.manifest = read_manifest(self.path)
         self._entries = {s.name: s for s in self.manifest.shards}
         self._records = None
@@ -267,16 +271,8 @@ class Store:
                               "filter them out (keys=...) or ingest their labels")
         starts: Sequence[Iterable[int]] = ([range(r.shape[0]) for r in records] if depth is None
                                            else slab_starts(records, depth, stride or depth))
-        out: list[dict[str, str | int]] = []
-        for rec, zs in zip(records, starts):
-            for z in map(int, zs):
-                z1 = None if depth is None else z + depth  # a slab ends at z1; a stack has context instead
-                item: dict[str, str | int] = {"image": item_uri(self.path, rec.key, z, z1, context=context, plane=plane)}
-                if labels:
-                    item["label"] = item_uri(self.path, rec.key, z, z1, context=context, label=True)
-                item.update(key=rec.key, z=z, index=len(out))
-                out.append(item)
-        return out
+        return monai_items(self.path, [(rec.key, zs) for rec, zs in zip(records, starts)], context=context,
+                           depth=depth, plane=plane, labels=labels)
 
     def stats(self) -> dict[str, dict[str, int] | None]:
         """This process's reads per tier: ``l1`` (hits, misses, bytes held, budget, entries, evictions),
@@ -354,6 +350,21 @@ class Store:
         """The read path of :meth:`read` (into ``out``) and :meth:`planes` (``out`` None: cached arrays as
         they are, the rest decoded into new arrays -- or, ``transient``, into this thread's scratch
         buffer, valid until its next transient read: for a caller that converts each slice at once).
+        Where the shard was replaced since ``store.json`` was read, reads again from its replacement."""
+        for _ in range(3):
+            try:
+                return self._planes_in(rec, db, dtype, z0, z1, verify, out, shard, transient)
+            except _ShardReplaced as gone:
+                log.info("shard %s of %s was replaced since store.json was read: reading it again", gone, self.path)
+                self.refresh()
+                rec = self.record(rec.key_bytes)
+                shard = None if shard is None else self._all_labels()[rec.key_bytes].shard  # compact keeps labels
+        raise ShardUnavailableError(f"the shard of series {rec.key[:12]} of {self.path} was replaced three times "
+                                    "while it was read: wait for `medload compact` to finish, then read again")
+
+    def _planes_in(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None, verify: bool | None,
+                   out: np.ndarray | None, shard: str | None, transient: bool) -> list[np.ndarray]:
+        """:meth:`_planes` from the shards this Store knows.
 
         L1 first; then each run of misses is read with one range scan. A miss the L1 admits is decoded
         into an array of its own, which the L1 keeps without a copy (unless it went into ``out``)."""
@@ -406,6 +417,8 @@ class Store:
                 env, tier, path = self._tiers.env(entry)
                 nbytes = read_values(env, path, db, key, z0, z1, targets, verify)
         except (StoreError, lmdb.Error) as exc:
+            if not isinstance(exc, (ChecksumError, StoreFormatError)) and replaced(self.path, entry):
+                raise _ShardReplaced(entry.name) from None
             plane = "" if db == sh.SLICES else f" ({db.decode()})"
             what = f"slices {z0}-{z1 - 1}{plane} of series {key.hex()[:12]} in shard {entry.name} of {self.path}"
             error = type(exc) if isinstance(exc, (ChecksumError, StoreFormatError)) else ShardUnavailableError
@@ -445,8 +458,18 @@ class Store:
             groups.setdefault(shard, []).extend((rec.key_bytes, a, b) for a, b in read_spans.runs(zs))
         for shard, runs in groups.items():
             if runs:
-                env, _, path = self._tiers.env(self._entries[shard])
+                try:
+                    env, _, path = self._tiers.env(self._entries[shard])
+                except (StoreError, lmdb.Error):
+                    if not replaced(self.path, self._entries[shard]):
+                        raise
+                    self.refresh()  # read-ahead only: the reads themselves find the replacement
+                    return
                 advise_values(env, path, db, runs)
+
+
+class _ShardReplaced(Exception):
+    """A shard this Store read of is no longer in ``store.json``: :meth:`Store._planes` reads again."""
 
 
 def _plane_arg(plane: str | None, window: str | None, method: str) -> str | None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlencode
 
 from medload.errors import ConfigError
 
-__all__ = ["ItemRef", "item_uri", "parse_item_uri", "is_item_uri"]
+__all__ = ["ItemRef", "item_uri", "parse_item_uri", "is_item_uri", "monai_items"]
 
 _URI = re.compile(r"^medload:/+(?P<path>[^?]*)\?(?P<query>.+)$")
 
@@ -49,6 +50,21 @@ def item_uri(store: str | os.PathLike, key: str, z0: int, z1: int | None = None,
     if plane:
         query["plane"] = plane
     return f"medload:{quote(str(Path(store).absolute()))}?{urlencode(query)}"
+
+
+def monai_items(store: str | os.PathLike, starts: Sequence[tuple[str, Iterable[int]]], *, context: int | None,
+                depth: int | None, plane: str | None, labels: bool) -> list[dict[str, str | int]]:
+    """The items of :meth:`medload.Store.items`: for each ``(series key, first slices)``, one dict per start."""
+    out: list[dict[str, str | int]] = []
+    for key, zs in starts:
+        for z in map(int, zs):
+            z1 = None if depth is None else z + depth  # a slab ends at z1; a stack has context instead
+            item: dict[str, str | int] = {"image": item_uri(store, key, z, z1, context=context, plane=plane)}
+            if labels:
+                item["label"] = item_uri(store, key, z, z1, context=context, label=True)
+            item.update(key=key, z=z, index=len(out))
+            out.append(item)
+    return out
 
 
 def parse_item_uri(text: str | os.PathLike) -> ItemRef:
