@@ -31,7 +31,7 @@ from medload.errors import ManifestDamagedError, MedloadError, StoreError, Store
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry", "ShardKeys", "read_manifest",
            "write_manifest", "restore_manifest", "manifest_path", "backup_path", "shard_path", "staging_path",
-           "retired_path", "write_file_atomic", "fsync_dir", "file_digest"]
+           "retired_path", "write_file_atomic", "fsync_dir", "file_digest", "replaced"]
 
 FORMAT_NAME = "medload-store"
 #: 2 added each shard's ``replaced`` sub-database (``ingest --force``, see :mod:`medload.storage.live`).
