@@ -77,9 +77,9 @@ class DiskFullError(StoreError):
     writes only what is missing (see :mod:`medload.storage.space`).
 
     Attributes:
-        stage: what was being written: ``spool`` (archive members copied for reading), ``commit`` (a
-            series or quarantine records into the staging shard), ``publish`` (a shard into ``shards/``
-            and ``store.json``) or ``hot-shard copy``.
+        stage: what was being written: ``spool`` (archive members copied for reading, or instances
+            retrieved from a PACS), ``commit`` (a series or quarantine records into the staging shard),
+            ``publish`` (a shard into ``shards/`` and ``store.json``) or ``hot-shard copy``.
         path: where the write failed.
     """
 

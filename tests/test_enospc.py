@@ -1,7 +1,8 @@
 """A full disk at every stage of writing, on a real small filesystem (a tmpfs mounted for the test): the
-spool of an archive, the commit of a series, the publish of a shard, the copy of a hot shard. Each ends
-the command with one ``error:`` line (exit 2, no traceback, never SIGBUS), leaves every committed series
-intact, and the same command run again once there is space completes without writing anything twice."""
+spool of an archive (and of a PACS retrieve), the commit of a series, the publish of a shard, the copy of a
+hot shard. Each ends the command with one ``error:`` line (exit 2, no traceback, never SIGBUS), leaves every
+committed series intact, and the same command run again once there is space completes without writing
+anything twice."""
 
 from __future__ import annotations
 
@@ -245,3 +246,21 @@ def test_the_python_api_raises_disk_full_error_naming_the_stage(disk, sources):
     with pytest.raises(DiskFullError) as caught:
         ingest(sources / "src", disk / "store", config=CFG)
     assert caught.value.stage == "commit" and caught.value.path == str(disk / "store")
+
+
+def test_disk_full_while_spooling_from_a_pacs_names_the_spool_and_leaves_no_part_file(disk):
+    """Instances retrieved from a PACS are spooled under STORE/staging (DICOMweb and DIMSE alike): a full
+    disk there is one DiskFullError at stage ``spool`` naming the spool, and the cut file is removed."""
+    from medload.ingest.deid import Pseudonymizer
+    from medload.pacs.ingest import Spool
+
+    path = disk / "store" / "staging" / "dicomweb"
+    with Spool(path, Pseudonymizer(b"k" * 32), batch=50) as spool:
+        with pytest.raises(DiskFullError) as caught, spool.file("1.2.826.0.1.3680043.8.498.1") as out:
+            out.write(b"\0" * (32 << 20))  # twice the disk
+        assert caught.value.stage == "spool" and caught.value.path == str(path)
+        assert f"no space left on the disk of {path}" in str(caught.value) and "one batch of about 50" in str(caught.value)
+        assert spool.usage() == (0, 0)
+        with spool.file("1.2.826.0.1.3680043.8.498.2") as out:  # the space is back: the next instance spools
+            out.write(b"DICM")
+        assert spool.usage() == (1, 4)

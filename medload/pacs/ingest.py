@@ -39,7 +39,7 @@ from typing import BinaryIO, Protocol
 
 from medload import windows as win
 from medload.config import IngestConfig
-from medload.errors import ConfigError, InputProblem, StoreError, StoreLockedError
+from medload.errors import ConfigError, DiskFullError, InputProblem, StoreError, StoreLockedError
 from medload.ingest.deid import Pseudonymizer, load_key
 from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.run import ingest
@@ -47,6 +47,7 @@ from medload.pacs.dicomweb import DicomWebClient, InstanceRef, RetryPolicy, Seri
 from medload.pacs.endpoint import check_ae_title, load_credentials, parse_dimse_endpoint, parse_endpoint, tls_context
 from medload.progress import progress_bar
 from medload.storage.records import RejectRecord
+from medload.storage.space import disk_full_is_error
 from medload.storage.store import open_store
 from medload.storage.writer import StoreWriter
 
@@ -234,21 +235,26 @@ class Spool:
     @contextmanager
     def file(self, uid: str) -> Iterator[BinaryIO]:
         """The new 0600 spool file of instance ``uid``, removed again if anything fails while it is written;
-        InputProblem if it exists (the instance is listed twice), StoreError if the disk refuses it."""
+        InputProblem if it exists (the instance is listed twice), DiskFullError (stage ``spool``) if the disk
+        is full, StoreError if it refuses the file otherwise."""
         path = self.path_of(uid)
+        doing = f"spooling instances retrieved from the PACS (one batch of about {self.batch} at a time)"
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            with disk_full_is_error(self.path, "spool", doing):
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             raise InputProblem("retrieve", "the same SOPInstanceUID is listed twice in this batch") from None
         except OSError as exc:
             raise StoreError(f"cannot create a spool file in {self.path}: {exc.strerror}") from None
         try:
-            with open(fd, "w+b") as out:
+            with disk_full_is_error(self.path, "spool", doing), open(fd, "w+b") as out:
                 yield out
+        except DiskFullError:
+            path.unlink(missing_ok=True)
+            raise
         except OSError as exc:
             path.unlink(missing_ok=True)
-            raise StoreError(f"cannot write a spool file in {self.path}: {exc.strerror}: free space there (one batch "
-                             f"of about {self.batch} instances is spooled at a time)") from None
+            raise StoreError(f"cannot write a spool file in {self.path}: {exc.strerror}") from None
         except BaseException:
             path.unlink(missing_ok=True)
             raise
