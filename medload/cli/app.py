@@ -131,7 +131,9 @@ def cli(ctx: click.Context, verbose: int, debug: bool, config_file: Path | None)
     verbose = 2 if debug else verbose
     _Run.show_traceback = verbose > 0
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
-    logging.basicConfig(level=level, format="%(message)s", handlers=[RichHandler(console=err_console, show_path=False)])
+    # the handler has the level too: libraries that set their own loggers to INFO (Dask does) stay quiet without -v
+    handler = RichHandler(console=err_console, show_path=False, level=level)
+    logging.basicConfig(level=level, format="%(message)s", handlers=[handler])
     ctx.obj = read_config(config_file)
 
 

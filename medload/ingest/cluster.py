@@ -108,8 +108,12 @@ def local_cluster(workers: int) -> Iterator[LocalCluster]:
     from distributed import LocalCluster
 
     with dask.config.set(_NOT_DAEMON):
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                               silence_logs=logging.WARNING)
+        # ":0": the dashboard on a free port (its default, 8787, warns when another cluster holds it).
+        # A failed task comes back to the ingest, which reports it (a failed row, or the error that stops
+        # the run): the workers' own tracebacks of it show only with -v
+        quiet = logging.WARNING if log.isEnabledFor(logging.INFO) else logging.CRITICAL
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+                               silence_logs=quiet)
         try:
             yield cluster
         finally:
