@@ -14,7 +14,8 @@
    attempt may leave a half-written shard behind): only the finished shard of the one result a batch's
    future delivers is published, the run's directory is removed at the end, and ``adopt`` refuses a
    shard holding a series the store already has. A batch whose task fails outright is reported
-   ``failed`` (exit 1) and nothing of it is stored; running the ingest again retries it.
+   ``failed`` (exit 1) and nothing of it is stored; running the ingest again retries it. A task that
+   meets a full disk stops the run with its DiskFullError, as an ingest without Dask does.
 5. Labels are written by this process once their series are published, in a transaction of their
    own (as for a series stored before the run).
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from medload.config import IngestConfig
-from medload.errors import MedloadError
+from medload.errors import DiskFullError, MedloadError
 from medload.ingest.cluster import check_workers_see, connect
 from medload.ingest.discover import SourceRef
 from medload.ingest.headers import SliceHeader
@@ -188,6 +189,8 @@ class DaskEngine:
                     batch = [plans[j] for j in batches[i]]
                     try:
                         result = future.result()
+                    except DiskFullError:  # stops the run, as without Dask: what was published stays
+                        raise
                     except Exception as exc:  # noqa: BLE001 -- the task failed on the cluster, not an input
                         result = _failed(batch, exc)
                     future.release()
