@@ -57,7 +57,7 @@ def test_disk_reads_of_this_process_are_counted(tmp_path):
     path = tmp_path / "blob"
     path.write_bytes(os.urandom(8 << 20))
     if not page_cache.drop(path):
-        pytest.skip("this filesystem keeps file pages in memory (tmpfs?): nothing is read from disk")
+        pytest.skip(reason="this filesystem keeps file pages in memory (tmpfs?): nothing is read from disk")
     before = tree_read_bytes()
     path.read_bytes()
     assert tree_read_bytes() - before >= 7 << 20

@@ -53,7 +53,7 @@ def disk(tmp_path):
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(path)],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs filesystem here (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+        pytest.skip(reason=f"cannot mount a small tmpfs filesystem here (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
     yield path
     if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
         subprocess.run(["umount", "-l", str(path)], check=True)  # a process still holds a file there

@@ -132,7 +132,7 @@ def test_value_bytes_are_never_mapped_into_the_reader(tmp_path):
     """)
     out = _run_fresh(script)
     if out == "skip":
-        pytest.skip("this filesystem keeps file pages in memory (tmpfs?): no cold reads to check")
+        pytest.skip(reason="this filesystem keeps file pages in memory (tmpfs?): no cold reads to check")
     values, mapped, through_lmdb = map(int, out.split())
     assert values > 12 * 100_000 and mapped < values / 4 and through_lmdb > values, (values, mapped, through_lmdb)
 
@@ -229,7 +229,7 @@ def test_prefetch_has_the_kernel_read_the_slices_but_not_those_the_l1_holds(big_
     """)
     out = _run_fresh(script)
     if out == "skip":
-        pytest.skip("this filesystem keeps file pages in memory (tmpfs?): nothing to read ahead")
+        pytest.skip(reason="this filesystem keeps file pages in memory (tmpfs?): nothing to read ahead")
     fetched, held, others, same = out.split()
     assert fetched == "True" and same == "True"
     assert float(held) < 0.5 and float(others) < 0.5
