@@ -1,7 +1,11 @@
 """CT display windows (width/level in HU), the one place they are defined.
 
 Presets are the ones the OHIF viewer ships: brain 80/40, soft tissue 400/40, lung 1500/-600,
-liver 150/90, bone 2500/480. A custom window is written ``"WIDTH/LEVEL"`` (e.g. ``"350/50"``).
+liver 150/90, bone 2500/480. A custom window is written ``"WIDTH/LEVEL"``, width first as in those
+presets (e.g. ``"350/50"``), or with the names spelled out, ``"W350/L50"``. Viewers disagree on the
+order (some write level/width), so a bare pair whose width is below the level's magnitude (``"40/400"``:
+a 40 HU window around 400 HU?) is refused as probably swapped; a window that is really that narrow
+(a stroke window, 8 HU wide at 32 HU) is written with names: ``"W8/L32"``.
 
 The mapping is MONAI's ``ScaleIntensityRange(a_min=level - width/2, a_max=level + width/2, b_min=0,
 b_max=1, clip=True)``; :func:`to_uint8` scales that to 0..255 and rounds, which is how pre-windowed
@@ -50,20 +54,42 @@ PRESETS: dict[str, Window] = {
     )
 }
 
-_CUSTOM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(-?\d+(?:\.\d+)?)\s*$")
+_NUMBER = r"(-?\d+(?:\.\d+)?)"
+_BARE = re.compile(rf"^\s*{_NUMBER}\s*/\s*{_NUMBER}\s*$")
+_NAMED = re.compile(rf"^\s*W\s*=?\s*{_NUMBER}\s*[/,]\s*L\s*=?\s*{_NUMBER}\s*$", re.I)
 
 
 def get(spec: str | Window) -> Window:
-    """A preset by name, or a custom window from ``"WIDTH/LEVEL"``."""
+    """A preset by name, or a custom window from ``"WIDTH/LEVEL"`` or ``"W<width>/L<level>"``.
+
+    Examples:
+        >>> get("350/50") == get("W350/L50") == Window("350/50", 350, 50)
+        True
+        >>> get("W8/L32").name
+        'W8/L32'
+    """
     if isinstance(spec, Window):
         return spec
     if spec in PRESETS:
         return PRESETS[spec]
-    m = _CUSTOM.match(spec)
-    if m and float(m.group(1)) > 0:
-        width, level = float(m.group(1)), float(m.group(2))
-        return Window(f"{width:g}/{level:g}", width, level)  # the name parses back to the same window
-    raise ConfigError(f"unknown window {spec!r}: use one of {', '.join(PRESETS)} or WIDTH/LEVEL such as 400/40")
+    named, bare = _NAMED.match(spec), _BARE.match(spec)
+    match = named or bare
+    if match is None:
+        raise ConfigError(f"unknown window {spec!r}: use one of {', '.join(PRESETS)}, WIDTH/LEVEL such as 400/40, "
+                          "or W400/L40")
+    width, level = float(match.group(1)), float(match.group(2))
+    if width <= 0:
+        raise ConfigError(f"window {spec!r} has width {width:g}: the width (first number) must be positive")
+    if bare and width < abs(level):
+        raise ConfigError(f"window {spec!r} reads as width {width:g}, level {level:g}: a window narrower than its level "
+                          f"is usually level/width swapped; write {level:g}/{width:g} (WIDTH/LEVEL), or W{width:g}/"
+                          f"L{level:g} if you mean it")
+    return Window(_name(width, level), width, level)
+
+
+def _name(width: float, level: float) -> str:
+    """A custom window's name, which :func:`get` parses back to the same window."""
+    return f"{width:g}/{level:g}" if width >= abs(level) else f"W{width:g}/L{level:g}"
 
 
 def parse_list(text: str | None) -> tuple[Window, ...]:
