@@ -123,3 +123,13 @@ def test_help_keeps_environment_variable_names_whole():
     text = medload("ingest", "--help").stdout
     for name in ("MEDLOAD_DICOMWEB_USER", "MEDLOAD_DICOMWEB_PASSWORD", "MEDLOAD_DICOMWEB_TOKEN", "MEDLOAD_KEY_FILE"):
         assert name in text, name
+
+
+def test_cache_warm_over_budget_says_sizes_that_differ(store, tmp_path):
+    shard = next((store / "shards").iterdir())
+    held = (shard / "data.mdb").stat().st_size
+    budget = held - 1000  # rounds like the shard's size: the message must still tell them apart
+    proc = medload("cache", "warm", store, "--hot-dir", tmp_path / "hot", "--hot-budget", str(budget), check=False)
+    line = " ".join(proc.stderr.split())
+    assert proc.returncode != 0 and "raise --hot-budget" in line, line
+    assert f"{budget:,} bytes" in line and "but the hot budget is" in line, line

@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from medload.cli.app import cli, console, renamed, size
-from medload.config import MedloadConfig, with_overrides
+from medload.config import MedloadConfig, format_size, with_overrides
 from medload.errors import MedloadError
 
 
@@ -83,8 +83,11 @@ def warm(config: MedloadConfig, store: Path, hot_dir: Path | None, hot_budget: s
     entries = [s for s in st.manifest.shards if s.name in wanted]
     total = sum(e.bytes for e in entries)
     if total > cfg.hot_budget:
-        raise MedloadError(f"the {len(entries)} shard(s) asked for hold {total / 1e9:.2f} GB but the hot budget is "
-                           f"{cfg.hot_budget / 1e9:.2f} GB: raise --hot-budget or warm fewer series (--series)")
+        held, budget = format_size(total), format_size(cfg.hot_budget)
+        if held == budget:  # close sizes round alike: give the bytes
+            held, budget = f"{total:,} bytes", f"{cfg.hot_budget:,} bytes"
+        raise MedloadError(f"the {len(entries)} shard(s) asked for hold {held} but the hot budget is {budget}: raise "
+                           "--hot-budget or warm fewer series (--series)")
     hot = HotShards(cfg.hot_dir, cfg.hot_budget, max_rate=cfg.max_rate)
     copied = elsewhere = 0
     with progress_bar("copying shards", len(entries), enabled=sys.stderr.isatty()) as advance:
