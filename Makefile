@@ -26,7 +26,9 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	$(PIP) install --quiet -e .  # the core install: ingest, store, training input (extras: docs/getting-started.md)
+	@# the core install (ingest, store, training input) and the viz extra that the README's next steps use
+	@# (medload view, Store.catalog, the notebooks); other extras: docs/getting-started.md
+	$(PIP) install --quiet -e ".[viz]"
 	touch $@
 
 $(BIN)/.dev-installed: $(BIN)/.installed pyproject.toml

@@ -2,7 +2,8 @@
 
 A core install (``pip install medload``) ingests files, keeps the store and feeds training. Everything else
 is an extra, named in ``pyproject.toml``'s ``[project.optional-dependencies]``; a feature whose extra is
-missing raises :class:`MissingExtraError`, which names the extra to install.
+missing raises :class:`MissingExtraError`, which gives the pip command that installs the extra into the
+running environment (from the checkout, for a source install such as ``make demo``'s).
 
 Examples:
     >>> from medload.extras import EXTRAS, require
@@ -11,7 +12,7 @@ Examples:
     >>> require("no_such_module", "viz", "Plots")
     Traceback (most recent call last):
     ...
-    medload.extras.MissingExtraError: Plots needs no_such_module, which is not installed: pip install 'medload[viz]' (or 'medload[all]')
+    medload.extras.MissingExtraError: Plots needs no_such_module, which is not installed: ...pip install ...[viz]...
 """
 
 from __future__ import annotations
@@ -61,5 +62,17 @@ def require_all(extra: str, feature: str) -> None:
 
 
 def _missing(module: str, extra: str, feature: str) -> MissingExtraError:
-    return MissingExtraError(f"{feature} needs {module}, which is not installed: pip install 'medload[{extra}]' "
-                             "(or 'medload[all]')")
+    return MissingExtraError(f"{feature} needs {module}, which is not installed: {_install_command(extra)}")
+
+
+def _install_command(extra: str) -> str:
+    """The pip command that adds ``extra`` to this environment: from the checkout when medload runs from one
+    (a source install, as ``make demo`` makes), from the package index otherwise."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file() and 'name = "medload"' in pyproject.read_text(errors="replace"):
+        return f"{sys.executable} -m pip install -e '{root}[{extra}]'"
+    return f"pip install 'medload[{extra}]' (or 'medload[all]')"
