@@ -124,7 +124,7 @@ def rejects(store: Path, as_json: bool, include_skipped: bool) -> None:
 @click.option("-o", "--out", type=Suffix(".png"), required=True, help="PNG file to write.")
 @click.option("--z", type=int, default=None, help="Slice index (default: the middle slice).")
 @click.option("--window", default="soft_tissue", show_default=True,
-              help="Window preset (brain, soft_tissue, lung, liver, bone) or WIDTH/LEVEL such as 350/50.")
+              help="Window preset (brain, soft_tissue, lung, liver, bone), WIDTH/LEVEL such as 350/50, or W350/L50.")
 @click.option("--label", is_flag=True, help="Tint the series' label classes over the image.")
 @click.option("--montage", type=int, default=None, metavar="N", help="N slices spread over the series in a grid.")
 def view(store: Path, key: str, out: Path, z: int | None, window: str, label: bool, montage: int | None) -> None:

@@ -27,7 +27,7 @@ def _workers(value: str) -> int | str:
 @click.option("--batch-size", type=int, default=4, show_default=True)
 @click.option("--num-workers", default="0", show_default=True, help="DataLoader workers, or 'auto'.")
 @click.option("--steps", type=int, default=20, show_default=True, help="Training steps to time.")
-@click.option("--window", default="soft_tissue", show_default=True, help="Window preset or WIDTH/LEVEL.")
+@click.option("--window", default="soft_tissue", show_default=True, help="Window preset, WIDTH/LEVEL (350/50) or W350/L50.")
 @click.option("--context", type=int, default=1, show_default=True, help="2.5D neighbour slices on each side.")
 @click.option("--device", type=Device(), default="cpu", show_default=True, help="cpu, cuda, cuda:1...")
 @click.option("--model", type=click.Choice(["small", "full", "none"]), default="small", show_default=True,
