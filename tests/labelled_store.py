@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import nibabel as nib
 import numpy as np
 
 from medload.config import IngestConfig
 from medload.ingest import ingest
+from medload.storage.store import open_store
 from medload.synthetic import SeriesSpec, make_rtstruct, make_series
+
+PHILIPS_DICOM = Path(__file__).resolve().parents[1] / "sample_data" / "philips_ct_head" / "dicom"
 
 ROWS, COLS = 32, 40
 SQUARE = np.array([[9.5, 7.5], [20.5, 7.5], [20.5, 15.5], [9.5, 15.5]])  # (column, row) index corners
@@ -27,3 +31,28 @@ def make_labelled_store(root: Path, patients: int = 5, slices: int = 6) -> Path:
                           folder / "rtstruct.dcm")
     ingest(root / "src", root / "store", config=IngestConfig(workers=1))
     return root / "store"
+
+
+def add_bone_mask(store: Path, masks: Path, dicom: Path = PHILIPS_DICOM) -> None:
+    """Label the series of ``dicom`` in ``store`` with a bone mask (voxels above 300 HU, the demo target) as a
+    NIfTI named by its key prefix in ``masks``, ingested with ``--labels``."""
+    ingest(dicom, store, config=IngestConfig(workers=1))
+    (rec,) = [r for r in open_store(store).series() if r.manufacturer == "Philips"]
+    bone = (open_store(store).read(rec.key) > 300).astype(np.uint8)
+    masks.mkdir(parents=True, exist_ok=True)
+    nib.save(nib.Nifti1Image(bone.transpose(2, 1, 0), np.asarray(rec.affine)), masks / f"{rec.key[:12]}.nii.gz")
+    ingest(dicom, store, config=IngestConfig(workers=1), labels=[masks])
+
+
+def make_liver_bone_store(root: Path) -> Path:
+    """The store of docs/nnunet.md's worked example, ``root/store``: six synthetic series of five patients with
+    an RTSTRUCT "Liver" (the first patient has two), a sheared series with one too, an unlabelled series, and
+    the sample study with a bone mask (> 300 HU) as NIfTI."""
+    path = make_labelled_store(root)
+    tilted = make_series(root / "more" / "tilted", SeriesSpec(n_slices=6, rows=32, cols=40, tilt_deg=12), seed=90,
+                         patient_id="LIT-TILT")
+    make_rtstruct(tilted, {"Liver": [(z, [SQUARE]) for z in range(1, 5)]}, root / "more" / "tilted" / "rt.dcm")
+    make_series(root / "more" / "plain", SeriesSpec(n_slices=6, rows=32, cols=40), seed=91, patient_id="LIT-NOLABEL")
+    ingest(root / "more", path, config=IngestConfig(workers=1, tilt_policy="shear"))
+    add_bone_mask(path, root / "masks")
+    return path

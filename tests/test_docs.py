@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
+import subprocess
+import sys
 
 import pytest
 from conftest import REPO
@@ -31,8 +34,6 @@ def test_committed_notebooks_have_no_outputs():
 
 
 def _python_blocks(path) -> list[str]:
-    import re
-
     return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
 
 
@@ -50,6 +51,16 @@ def test_the_readme_tour_runs_on_the_sample_on_a_cpu(tmp_path, monkeypatch):
     exec(compile(tour, "README.md", "exec"), namespace)  # noqa: S102 -- the README's own example
     assert namespace["report"].counts["ingested"] == 1
     assert tuple(namespace["batch"]["image"].shape) == (4, 3, 512, 512)
+    # the next steps the README gives after the tour, in the venv the tour ran in (make demo's has the viz extra)
+    steps = re.search(r"Then (`medload .*?)\(KEY", readme_text := (REPO / "README.md").read_text(), re.S)
+    assert steps, "the README's next steps moved: update this test"
+    commands = re.findall(r"`medload ([^`]+)`", steps.group(1))
+    assert [c.split()[0] for c in commands] == ["info", "ls", "view"], readme_text
+    for command in commands:
+        args = command.replace("KEY", namespace["rec"].key[:8]).split()
+        proc = subprocess.run([sys.executable, "-m", "medload.cli", *args], capture_output=True, text=True)
+        assert proc.returncode == 0, f"medload {command}: {proc.stderr}"
+    assert (tmp_path / "slice.png").stat().st_size > 0
 
 
 def test_nothing_in_the_repository_cites_a_design_file_outside_it():

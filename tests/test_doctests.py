@@ -14,16 +14,14 @@ import importlib
 import pkgutil
 import warnings
 
-import nibabel as nib
 import numpy as np
 import pytest
 import torch
 from conftest import REPO
+from labelled_store import add_bone_mask
 
 import medload
-from medload.config import IngestConfig
 from medload.data import SlabDataset, SliceDataset, make_loader
-from medload.ingest import ingest
 
 #: Modules whose examples need something a test machine lacks.
 _NEEDS = {"medload.bench.gpu": "CUDA"}
@@ -49,15 +47,7 @@ def _examples() -> list[doctest.DocTest]:
 def workdir(tmp_path_factory):
     """A folder with ``stores/sample`` (the sample study, with a bone label) and ``sample_data``."""
     root = tmp_path_factory.mktemp("doctests")
-    dicom = REPO / "sample_data" / "philips_ct_head" / "dicom"
-    ingest(dicom, root / "stores" / "sample", config=IngestConfig(workers=1))
-    store = medload.open_store(root / "stores" / "sample")
-    (rec,) = store.series()
-    masks = root / "masks"
-    masks.mkdir()
-    bone = (store.read(rec.key) > 300).astype(np.uint8)
-    nib.save(nib.Nifti1Image(bone.transpose(2, 1, 0), np.asarray(rec.affine)), masks / f"{rec.key[:12]}.nii.gz")
-    ingest(dicom, root / "stores" / "sample", config=IngestConfig(workers=1), labels=[masks])
+    add_bone_mask(root / "stores" / "sample", root / "masks")
     (root / "sample_data").symlink_to(REPO / "sample_data")
     return root
 

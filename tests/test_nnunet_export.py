@@ -21,20 +21,17 @@ from hypothesis import strategies as st
 pytest.importorskip("nnunetv2", reason="nnU-Net v2 is an optional extra (medload[nnunet]); `make test` installs it")
 
 from conftest import PHILIPS, flip_stored_value  # noqa: E402
-from labelled_store import SQUARE, make_labelled_store  # noqa: E402
+from labelled_store import make_labelled_store, make_liver_bone_store  # noqa: E402
 from test_privacy import IDENTIFYING, UIDS, _dicom_files, _pattern, _raw_values  # noqa: E402
 
-from medload.config import IngestConfig  # noqa: E402
 from medload.errors import ChecksumError, ConfigError  # noqa: E402
 from medload.export import export_nnunet  # noqa: E402
 from medload.export.classes import dataset_classes  # noqa: E402
 from medload.export.folds import patient_folds  # noqa: E402
-from medload.ingest import ingest  # noqa: E402
 from medload.storage.keys import slice_key  # noqa: E402
 from medload.storage.manifest import shard_path  # noqa: E402
 from medload.storage.records import LabelRecord  # noqa: E402
 from medload.storage.store import open_store  # noqa: E402
-from medload.synthetic import SeriesSpec, make_rtstruct, make_series  # noqa: E402
 
 BIN = Path(sys.executable).parent
 LABEL_MAP = {"liver": ["liver"], "bone": ["class_1"]}  # RTSTRUCT ROI "Liver"; the bone mask's class_1
@@ -44,20 +41,7 @@ LABEL_MAP = {"liver": ["liver"], "bone": ["class_1"]}  # RTSTRUCT ROI "Liver"; t
 def store_path(tmp_path_factory) -> Path:
     """Six synthetic series of five patients with an RTSTRUCT "Liver" (the first patient has two), a sheared
     series with one too, an unlabelled series, and the sample study with a bone mask (> 300 HU) as NIfTI."""
-    root = tmp_path_factory.mktemp("nnunet")
-    path = make_labelled_store(root)
-    tilted = make_series(root / "more" / "tilted", SeriesSpec(n_slices=6, rows=32, cols=40, tilt_deg=12), seed=90,
-                         patient_id="LIT-TILT")
-    make_rtstruct(tilted, {"Liver": [(z, [SQUARE]) for z in range(1, 5)]}, root / "more" / "tilted" / "rt.dcm")
-    make_series(root / "more" / "plain", SeriesSpec(n_slices=6, rows=32, cols=40), seed=91, patient_id="LIT-NOLABEL")
-    ingest(root / "more", path, config=IngestConfig(workers=1, tilt_policy="shear"))
-    ingest(PHILIPS / "dicom", path, config=IngestConfig(workers=1))
-    (rec,) = [r for r in open_store(path).series() if r.manufacturer == "Philips"]
-    bone = (open_store(path).read(rec.key) > 300).astype(np.uint8)
-    (root / "masks").mkdir()
-    nib.save(nib.Nifti1Image(bone.transpose(2, 1, 0), np.asarray(rec.affine)), root / "masks" / f"{rec.key[:12]}.nii.gz")
-    ingest(PHILIPS / "dicom", path, config=IngestConfig(workers=1), labels=[root / "masks"])
-    return path
+    return make_liver_bone_store(tmp_path_factory.mktemp("nnunet"))
 
 
 @pytest.fixture(scope="module")
