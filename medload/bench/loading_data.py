@@ -225,6 +225,7 @@ def prepare_from(root: str | os.PathLike, sources: Sequence[str | os.PathLike], 
     series are a user's: those with int16 HU, enough slices and the most common matrix are used (at most
     ``max_series``). ``key_file``: the pseudonymisation key of the ingests (default: a new one under
     ``root``). Raises :class:`PeerUnavailable` when no stored series can give a sample."""
+    from medload.ingest.deid import create_key
     from medload.storage.store import open_store
 
     if kind not in KINDS:
@@ -233,7 +234,7 @@ def prepare_from(root: str | os.PathLike, sources: Sequence[str | os.PathLike], 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     source_paths = [Path(s) for s in sources]
-    key_file = key_file or root / "bench.key"
+    key_file = key_file or create_key(root / "bench.key")
     if stores is None:
         stores = (root / "store", root / "store_u8" if u8 else None)
         ingest_into(source_paths, stores[0], key_file)
