@@ -110,8 +110,10 @@ def ingest_into(sources: Sequence[Path], store: Path, key_file: Path, windows: t
                 workers: int = 1) -> None:
     from medload.config import IngestConfig
     from medload.ingest import ingest
+    from medload.ingest.deid import KeyFile
 
-    ingest([str(s) for s in sources], store, config=IngestConfig(workers=workers, windows=windows), key_file=key_file)
+    ingest([str(s) for s in sources], store, config=IngestConfig(workers=workers, windows=windows),
+           key_file=KeyFile(key_file, new=True))  # a benchmark's own key, created on its first ingest
 
 
 def _match_generated(records: list, generated: list) -> dict[str, int]:
@@ -225,7 +227,6 @@ def prepare_from(root: str | os.PathLike, sources: Sequence[str | os.PathLike], 
     series are a user's: those with int16 HU, enough slices and the most common matrix are used (at most
     ``max_series``). ``key_file``: the pseudonymisation key of the ingests (default: a new one under
     ``root``). Raises :class:`PeerUnavailable` when no stored series can give a sample."""
-    from medload.ingest.deid import create_key
     from medload.storage.store import open_store
 
     if kind not in KINDS:
@@ -234,7 +235,7 @@ def prepare_from(root: str | os.PathLike, sources: Sequence[str | os.PathLike], 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     source_paths = [Path(s) for s in sources]
-    key_file = key_file or create_key(root / "bench.key")
+    key_file = key_file or root / "bench.key"
     if stores is None:
         stores = (root / "store", root / "store_u8" if u8 else None)
         ingest_into(source_paths, stores[0], key_file)

@@ -90,8 +90,10 @@ class KeyFile:
 def default_key_path() -> Path:
     """``$MEDLOAD_KEY_FILE`` if set, else ``~/.config/medload/pseudonym.key``."""
     env = os.environ.get("MEDLOAD_KEY_FILE")
-    if env:
-        return Path(env)
+    return Path(env) if env else _default_path()
+
+
+def _default_path() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "medload" / "pseudonym.key"
 
 
@@ -105,9 +107,8 @@ def load_key(key_file: str | os.PathLike | KeyFile | None = None, *, store: str 
     ``KeyFile(allow_shared=True)``. With ``store``, a key other than the store's is refused.
     """
     wanted = key_file if isinstance(key_file, KeyFile) else KeyFile(key_file)
-    given = "--key-file" if wanted.path is not None else "$MEDLOAD_KEY_FILE" if os.environ.get("MEDLOAD_KEY_FILE") \
-        else None
     path = Path(wanted.path) if wanted.path is not None else default_key_path()
+    given = "--key-file" if wanted.path is not None else "$MEDLOAD_KEY_FILE" if path != _default_path() else None
     root = Path(store) if store is not None else None
     recorded = recorded_key_fingerprint(root) if root is not None else None
     if not path.exists():
