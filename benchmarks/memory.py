@@ -115,7 +115,10 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        os.environ.setdefault("MEDLOAD_KEY_FILE", str(tmp / "bench.key"))
+        if not os.environ.get("MEDLOAD_KEY_FILE"):  # a throw-away key, never the user's own
+            from medload.ingest.deid import create_key
+
+            os.environ["MEDLOAD_KEY_FILE"] = str(create_key(tmp / "bench.key"))
         src, store = args.data, args.store
         if src is None or store is None:
             from medload.config import IngestConfig

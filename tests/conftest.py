@@ -28,9 +28,16 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
 @pytest.fixture(autouse=True, scope="session")
 def _key_file(tmp_path_factory) -> Path:
     """Every test uses one throw-away pseudonymisation key, never the user's real one."""
-    path = tmp_path_factory.mktemp("key") / "pseudonym.key"
-    path.write_text("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n")
+    path = write_key(tmp_path_factory.mktemp("key") / "pseudonym.key",
+                     "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff")
     os.environ["MEDLOAD_KEY_FILE"] = str(path)
+    return path
+
+
+def write_key(path: Path, digits: str) -> Path:
+    """A pseudonymisation key file as medload accepts one: hex digits, readable by its owner alone (0600)."""
+    path.write_text(digits + "\n")
+    path.chmod(0o600)
     return path
 
 

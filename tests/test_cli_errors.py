@@ -10,7 +10,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import flip_stored_value
+from conftest import flip_stored_value, write_key
 from rich.console import Console
 
 from medload.cli.failures import BUG, ERROR, report
@@ -40,7 +40,7 @@ def env(tmp_path_factory):
     (root / "badjson").mkdir()
     (root / "badjson" / "store.json").write_text('{"format": "medl')
     (root / "bad.toml").write_text("not toml at all")
-    (root / "other.key").write_text("ff" * 32 + "\n")
+    write_key(root / "other.key", "ff" * 32)
     (root / "notes").mkdir()
     (root / "notes" / "todo.txt").write_text("someone's folder")
     key = open_store(root / "store").series()[0].key

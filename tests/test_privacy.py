@@ -87,6 +87,8 @@ def _check_modes(store: Path) -> None:
 
 @pytest.fixture
 def cli_env(tmp_path) -> dict[str, str]:
+    """A key of the test's own, which its first ingest creates (--new-key)."""
+    (tmp_path / "key").mkdir(mode=0o700)
     return {**os.environ, "MEDLOAD_KEY_FILE": str(tmp_path / "key" / "pseudonym.key")}
 
 
@@ -99,7 +101,7 @@ def test_sample_store_and_cli_output_hold_none_of_the_samples_identifiers(tmp_pa
 
     store = tmp_path / "store"
     out = {"ingest": _cli("ingest", PHILIPS / "dicom", store, "--workers", "2", "--windows", "brain",
-                          "--no-progress", env=cli_env)}
+                          "--new-key", "--no-progress", env=cli_env)}
     out["ls"] = _cli("ls", store, "--json", env=cli_env)
     out["info"] = _cli("info", store, env=cli_env)
     out["rejects"] = _cli("rejects", store, "--all", env=cli_env)
@@ -179,7 +181,7 @@ def test_every_record_field_from_dicom_is_in_the_deid_table() -> None:
 def _race_for_key(path: str, barrier, results) -> None:
     barrier.wait()  # every process asks for the key at the same moment
     try:
-        results.put(("ok", deid.load_key(path).hex()))
+        results.put(("ok", deid.load_key(deid.KeyFile(path, new=True)).hex()))
     except Exception as exc:  # reported to the test, which names it
         results.put(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -191,6 +193,7 @@ def test_first_time_processes_at_once_all_get_the_one_key_created(tmp_path) -> N
     ctx = multiprocessing.get_context("fork")  # cheap children: the race is in load_key, not in imports
     for round_ in range(20):
         path = tmp_path / f"config{round_}" / "pseudonym.key"
+        path.parent.mkdir()
         barrier, results = ctx.Barrier(8), ctx.Queue()
         procs = [ctx.Process(target=_race_for_key, args=(str(path), barrier, results)) for _ in range(8)]
         for p in procs:

@@ -13,7 +13,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
-from conftest import flip_stored_value
+from conftest import flip_stored_value, write_key
 
 from medload.config import IngestConfig
 from medload.errors import ConfigError
@@ -25,7 +25,7 @@ from medload.storage.shard import close_reader_envs
 from medload.storage.verify import verify_store
 from medload.synthetic import SeriesSpec, make_rtstruct, make_series
 
-_KEY = "8899aabbccddeeff00112233445566778899aabbccddeeff0011223344556677\n"
+_KEY = "8899aabbccddeeff00112233445566778899aabbccddeeff0011223344556677"
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def built(tmp_path_factory):
     """Sources of two series (8 and 6 slices, in folders a/ and b/; an RTSTRUCT for a in labels/) and a store
     built from them, with lung window planes."""
     root = tmp_path_factory.mktemp("verify")
-    (root / "key").write_text(_KEY)
+    write_key(root / "key", _KEY)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MEDLOAD_KEY_FILE", str(root / "key"))
         gen = make_series(root / "src" / "a", SeriesSpec(n_slices=8, rows=24, cols=20), seed=1, series_number=1)

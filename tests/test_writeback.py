@@ -22,7 +22,7 @@ import numpy as np
 import pydicom
 import pytest
 import torch
-from conftest import PHILIPS, REPO
+from conftest import PHILIPS, REPO, write_key
 from orthanc_server import ORTHANC, Orthanc, Proxy
 from pydicom.sr.codedict import codes
 
@@ -249,8 +249,7 @@ def test_a_nifti_mask_off_the_stored_grid_is_refused(file_store, tmp_path):
 
 def test_another_key_is_refused(file_store, tmp_path):
     store, key, bone = file_store
-    other = tmp_path / "other.key"
-    other.write_text("ff" * 32 + "\n")
+    other = write_key(tmp_path / "other.key", "ff" * 32)
     with pytest.raises(ConfigError, match="was built with pseudonymisation key"):
         to_seg(store, key, bone, pacs=UNREACHABLE, key_file=other)
 

@@ -340,11 +340,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from medload.bench.report import print_tables, section_tables
+    from medload.ingest.deid import create_key
 
     codecs = tuple(dict.fromkeys([CODEC, *(args.codec or ["raw"])]))
     with tempfile.TemporaryDirectory(prefix="medload-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        os.environ.setdefault("MEDLOAD_KEY_FILE", str(tmp / "bench.key"))
+        if not os.environ.get("MEDLOAD_KEY_FILE"):
+            os.environ["MEDLOAD_KEY_FILE"] = str(create_key(tmp / "bench.key"))
         src = args.data or make_data(tmp, args.series, args.slices)
         if args.replicate:
             src = replicate(src, tmp, args.replicate)

@@ -110,8 +110,10 @@ def ingest_into(sources: Sequence[Path], store: Path, key_file: Path, windows: t
                 workers: int = 1) -> None:
     from medload.config import IngestConfig
     from medload.ingest import ingest
+    from medload.ingest.deid import KeyFile
 
-    ingest([str(s) for s in sources], store, config=IngestConfig(workers=workers, windows=windows), key_file=key_file)
+    ingest([str(s) for s in sources], store, config=IngestConfig(workers=workers, windows=windows),
+           key_file=KeyFile(key_file, new=True))  # a benchmark's own key, created on its first ingest
 
 
 def _match_generated(records: list, generated: list) -> dict[str, int]:

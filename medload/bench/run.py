@@ -159,6 +159,7 @@ def run_bench(*, quick: bool = False, json_out: Path | None = None, data: Path |
     from medload.bench.common import machine
     from medload.bench.report import plot as draw
     from medload.bench.report import print_tables, section_tables
+    from medload.ingest.deid import create_key
 
     started = time.perf_counter()
     sections = tuple(dict.fromkeys(s.strip().lower() for s in sections if s.strip()))
@@ -181,7 +182,7 @@ def run_bench(*, quick: bool = False, json_out: Path | None = None, data: Path |
     key_env = os.environ.get("MEDLOAD_KEY_FILE")
     with tempfile.TemporaryDirectory(prefix="medload-bench-") as tmp:
         root = Path(tmp)
-        os.environ["MEDLOAD_KEY_FILE"] = str(root / "bench.key")  # never the user's own key
+        os.environ["MEDLOAD_KEY_FILE"] = str(create_key(root / "bench.key"))  # never the user's own key
         try:
             _run_sections(results, root, cfg, sections, data, device, progress, scale_dir)
         finally:

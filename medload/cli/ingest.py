@@ -6,14 +6,18 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
 from medload.cli.app import cli, console, renamed, short, size
-from medload.cli.options import ca_bundle_option, credentials_option, key_file_option
+from medload.cli.options import ca_bundle_option, credentials_option, ingest_key_options
 from medload.config import MedloadConfig, with_overrides
 from medload.storage.codec import CODECS, DEFAULT_CODEC
+
+if TYPE_CHECKING:
+    from medload.ingest.deid import KeyFile
 
 
 class _Source(click.Path):
@@ -51,7 +55,7 @@ class _Source(click.Path):
 @click.option("--time-series", type=click.Choice(["split", "reject"]), default=None,
               help="Stacks at the same positions over time (fMRI, perfusion, 4-D CT): one volume per time point "
                    "(default, flags t_01...), or reject the series.")
-@key_file_option
+@ingest_key_options
 @click.option("--strict", is_flag=True, default=None, help="Exit 1 if any input was rejected.")
 @click.option("--labels", "label_paths", multiple=True, type=click.Path(exists=True, path_type=Path),
               help="Label masks (NIfTI/NRRD named after the SeriesInstanceUID or a key prefix), SEG/RTSTRUCT files, "
@@ -81,7 +85,7 @@ class _Source(click.Path):
 def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, workers: int | None,
            windows: str | None, codec: str | None, tilt_policy: str | None, shard_bytes: str | None,
            worker_memory: str | None, decode_timeout: float | None, plausibility: str | None,
-           time_series: str | None, key_file: Path | None, strict: bool | None, label_paths: tuple[Path, ...],
+           time_series: str | None, key_file: KeyFile, strict: bool | None, label_paths: tuple[Path, ...],
            roi_map: Path | None,
            force_keys: tuple[str, ...], no_progress: bool, scheduler: str | None, query: str | None,
            credentials: Path | None, ca_bundle: Path | None, connections: int | None,

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from medload.cli.app import cli
 from medload.cli.options import key_file_option
 from medload.config import MedloadConfig, with_overrides
+
+if TYPE_CHECKING:
+    from medload.ingest.deid import KeyFile
 
 
 @cli.command()
@@ -56,7 +60,7 @@ def _print_findings(report, prefix: str) -> None:
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.pass_obj
 def repair(config: MedloadConfig, store: Path, source_paths: tuple[Path, ...], label_paths: tuple[Path, ...],
-           workers: int | None, key_file: Path | None, no_progress: bool) -> None:
+           workers: int | None, key_file: KeyFile, no_progress: bool) -> None:
     """Verify STORE, ingest its damaged series again from --sources (replacing the damaged copies), retire
     shards that cannot be read to STORE/retired/, verify again; exit 0 only if STORE then verifies clean.
     A damaged store.json is restored from its copy first (no --sources needed for that alone)."""

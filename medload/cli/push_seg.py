@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from medload.cli.app import cli, console, short
 from medload.cli.options import ca_bundle_option, credentials_option, key_file_option
 from medload.config import MedloadConfig
+
+if TYPE_CHECKING:
+    from medload.ingest.deid import KeyFile
 
 
 def _segment(ctx, param, values: tuple[str, ...]) -> dict[int, str] | None:
@@ -43,7 +47,7 @@ def _segment(ctx, param, values: tuple[str, ...]) -> dict[int, str] | None:
 @click.option("--series-description", default="medload segmentation", show_default=True)
 @click.pass_obj
 def push_seg(config: MedloadConfig, store: Path, key: str, mask: Path, url: str, segments: dict[int, str] | None,
-             query: str, credentials: Path | None, ca_bundle: Path | None, calling_aet: str, key_file: Path | None,
+             query: str, credentials: Path | None, ca_bundle: Path | None, calling_aet: str, key_file: KeyFile,
              algorithm: str, algorithm_version: str | None, series_description: str) -> None:
     """Send MASK (NIfTI/NRRD on the grid of series KEY of STORE, as `medload export` writes it) to the PACS as a
     DICOM SEG that references the original series, found there by the pseudonym of its SeriesInstanceUID."""

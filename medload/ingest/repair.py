@@ -24,6 +24,7 @@ from pathlib import Path
 
 from medload.config import IngestConfig
 from medload.errors import ConfigError
+from medload.ingest.deid import KeyFile
 from medload.ingest.report import SeriesOutcome
 from medload.ingest.run import ingest
 from medload.storage.availability import read_shards
@@ -62,7 +63,7 @@ class RepairReport:
 
 
 def repair_store(store: str | Path, sources: Sequence[str | Path] = (), *, labels: Sequence[str | Path] = (),
-                 config: IngestConfig | None = None, key_file: str | Path | None = None,
+                 config: IngestConfig | None = None, key_file: str | Path | KeyFile | None = None,
                  progress: bool = False) -> RepairReport:
     """Repair the store at ``store`` from the DICOM under ``sources`` (see the module docstring);
     ``labels`` are given to the ingest (for series whose labels are not among the sources).

@@ -23,7 +23,7 @@ from typing import TypedDict
 from medload import windows as win
 from medload.config import IngestConfig
 from medload.errors import ConfigError, InputProblem
-from medload.ingest.deid import Pseudonymizer, load_key
+from medload.ingest.deid import KeyFile, Pseudonymizer, load_key
 from medload.ingest.discover import DiscoveryProblem, SourceRef, discover, problem_sha256
 from medload.ingest.geometry import plan_geometry
 from medload.ingest.headers import SliceHeader
@@ -54,7 +54,7 @@ class _OutcomeFields(TypedDict):
 
 
 def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, config: IngestConfig | None = None,
-           key_file: str | Path | None = None, progress: bool = False, labels: Sequence[str | Path] = (),
+           key_file: str | Path | KeyFile | None = None, progress: bool = False, labels: Sequence[str | Path] = (),
            roi_map: dict[str, list[str]] | None = None, force: Sequence[str] = (),
            force_only: bool = False, scheduler: str | None = None) -> IngestReport:
     """Ingest DICOM files, folders and zip/tar archives into the store at ``store``.
@@ -96,7 +96,7 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     if force and scheduler is not None:
         raise ConfigError("--force replaces a few series: run it without --scheduler")
     started = time.perf_counter()
-    key = load_key(key_file)
+    key = load_key(key_file, store=store)  # the store is checked before a key is created for it
     pseudo = Pseudonymizer(key)
     report = IngestReport(store=str(store))
     with _engine(scheduler, cfg, key, Path(store)) as engine, _writer(Path(store), cfg, pseudo) as writer:

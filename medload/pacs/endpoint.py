@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 import os
 import ssl
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from medload.errors import ConfigError
+from medload.owner_only import check_owner_only
 
 __all__ = ["Endpoint", "Credentials", "DimseEndpoint", "is_dicomweb_url", "is_dimse_url", "is_remote_url",
            "parse_endpoint", "parse_dimse_endpoint", "check_ae_title", "load_credentials", "tls_context"]
@@ -180,17 +180,7 @@ def load_credentials(path: Path | None, environ: Mapping[str, str] = os.environ)
 
 def _from_file(path: Path) -> Credentials:
     """``user:password`` or a token on the first non-empty line of a file only its owner may read."""
-    try:
-        info = path.stat()
-    except OSError as exc:
-        raise ConfigError(f"cannot read credentials file {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ConfigError(f"credentials file {path} is not a regular file")
-    if info.st_uid != os.getuid():
-        raise ConfigError(f"credentials file {path} belongs to another user: use a file of your own (mode 0600)")
-    if info.st_mode & 0o077:
-        raise ConfigError(f"credentials file {path} is readable or writable by other users (mode "
-                          f"{stat.S_IMODE(info.st_mode):04o}): run `chmod 600 {path}`")
+    check_owner_only(path, "credentials file")
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not lines:
         raise ConfigError(f"credentials file {path} is empty: write user:password, or a bearer token, on one line")

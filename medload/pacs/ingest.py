@@ -40,7 +40,7 @@ from typing import BinaryIO, Protocol
 from medload import windows as win
 from medload.config import IngestConfig
 from medload.errors import ConfigError, DiskFullError, InputProblem, StoreError, StoreLockedError
-from medload.ingest.deid import Pseudonymizer, load_key
+from medload.ingest.deid import KeyFile, Pseudonymizer, load_key
 from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.run import ingest
 from medload.pacs.dicomweb import DicomWebClient, InstanceRef, RetryPolicy, SeriesRef, parse_query
@@ -82,7 +82,7 @@ class RetrieveOptions:
 
 def ingest_dicomweb(url: str, store: str | Path, *, query: str = "", credentials: str | Path | None = None,
                     ca_bundle: str | Path | None = None, config: IngestConfig | None = None,
-                    key_file: str | Path | None = None, progress: bool = False,
+                    key_file: str | Path | KeyFile | None = None, progress: bool = False,
                     options: RetrieveOptions = RetrieveOptions()) -> IngestReport:
     """Ingest the series a DICOMweb server finds for ``query`` into ``store``; see the module docstring.
 
@@ -97,7 +97,7 @@ def ingest_dicomweb(url: str, store: str | Path, *, query: str = "", credentials
     search = parse_query(query)
     creds = load_credentials(None if credentials is None else Path(credentials).expanduser())
     verify = tls_context(None if ca_bundle is None else Path(ca_bundle).expanduser())
-    pseudo = Pseudonymizer(load_key(key_file))
+    pseudo = Pseudonymizer(load_key(key_file, store=store))
     started = time.perf_counter()
     with DicomWebClient(endpoint, creds, verify=verify, connections=options.connections, timeout=options.timeout,
                         retry=options.retry) as client:
@@ -107,7 +107,8 @@ def ingest_dicomweb(url: str, store: str | Path, *, query: str = "", credentials
 
 
 def ingest_dimse(url: str, store: str | Path, *, query: str = "", calling_aet: str = "MEDLOAD",
-                 config: IngestConfig | None = None, key_file: str | Path | None = None, progress: bool = False,
+                 config: IngestConfig | None = None, key_file: str | Path | KeyFile | None = None,
+                 progress: bool = False,
                  options: RetrieveOptions = RetrieveOptions()) -> IngestReport:
     """Ingest the series a DICOM application entity finds for ``query`` (C-FIND, Study Root, SERIES level)
     into ``store``, retrieving them by C-GET as ``calling_aet`` (the PACS must know this AE title and let
@@ -122,7 +123,7 @@ def ingest_dimse(url: str, store: str | Path, *, query: str = "", calling_aet: s
     endpoint = parse_dimse_endpoint(url)
     search = parse_query(query)
     calling = check_ae_title(calling_aet, "--calling-aet")
-    pseudo = Pseudonymizer(load_key(key_file))
+    pseudo = Pseudonymizer(load_key(key_file, store=store))
     started = time.perf_counter()
     with DimseClient(endpoint, calling_aet=calling, timeout=options.timeout,
                      max_instance_bytes=options.max_instance_bytes) as client:
@@ -144,7 +145,7 @@ class _Remote(Protocol):
 
 
 def _ingest_found(remote: _Remote, found: list[SeriesRef], spool_name: str, store: str | Path, cfg: IngestConfig,
-                  key_file: str | Path | None, pseudo: Pseudonymizer, progress: bool, options: RetrieveOptions,
+                  key_file: str | Path | KeyFile | None, pseudo: Pseudonymizer, progress: bool, options: RetrieveOptions,
                   started: float) -> IngestReport:
     """Resume, then retrieve and ingest batch after batch, then record the retrieval rejects."""
     report = IngestReport(store=str(store))

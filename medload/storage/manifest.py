@@ -27,11 +27,12 @@ from pathlib import Path
 
 import xxhash
 
-from medload.errors import ManifestDamagedError, MedloadError, StoreError, StoreFormatError
+from medload.errors import ConfigError, ManifestDamagedError, MedloadError, StoreError, StoreFormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry", "ShardKeys", "read_manifest",
            "write_manifest", "restore_manifest", "manifest_path", "backup_path", "shard_path", "staging_path",
-           "retired_path", "write_file_atomic", "fsync_dir", "file_digest", "replaced"]
+           "retired_path", "write_file_atomic", "fsync_dir", "file_digest", "replaced", "recorded_key_fingerprint",
+           "check_key_fingerprint"]
 
 FORMAT_NAME = "medload-store"
 #: 2 added each shard's ``replaced`` sub-database (``ingest --force``, see :mod:`medload.storage.live`).
@@ -241,3 +242,21 @@ def restore_manifest(root: Path) -> bool:
     Manifest.from_json(data.decode(errors="replace"), backup_path(root))  # refuses a damaged copy too
     write_file_atomic(manifest_path(root), data)
     return True
+
+
+def recorded_key_fingerprint(root: Path) -> str | None:
+    """The fingerprint of the pseudonymisation key the store at ``root`` was built with; None where no store
+    is there yet (a folder that cannot become one is refused, see :func:`check_store_folder`)."""
+    check_store_folder(root)
+    if not manifest_path(root).exists() and not backup_path(root).exists():
+        return None
+    return read_manifest(root).key_fingerprint
+
+
+def check_key_fingerprint(root: Path, recorded: str, used: str, key: Path | None = None) -> None:
+    """Refuse a pseudonymisation key (of fingerprint ``used``, read from ``key``) other than the one the store
+    at ``root`` was built with (``recorded``): the same patient would get two pseudonyms in one store."""
+    if used != recorded:
+        where = f" (the key in {key})" if key is not None else ""
+        raise ConfigError(f"{root} was built with pseudonymisation key {recorded}, this run uses {used}{where}: "
+                          "pass the store's key with --key-file (or MEDLOAD_KEY_FILE)")

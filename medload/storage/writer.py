@@ -52,6 +52,7 @@ from medload.storage.manifest import (
     Manifest,
     ShardEntry,
     backup_path,
+    check_key_fingerprint,
     check_store_folder,
     file_digest,
     fsync_dir,
@@ -204,11 +205,7 @@ class StoreWriter:
             log.info("created store %s (codec %s, windows %s)", self.root, codec, ",".join(windows) or "none")
             return manifest
         manifest = read_manifest(self.root)
-        if manifest.key_fingerprint != key_fingerprint:
-            raise ConfigError(
-                f"{self.root} was built with pseudonymisation key {manifest.key_fingerprint}, this run uses "
-                f"{key_fingerprint}: pass the store's key with --key-file (or MEDLOAD_KEY_FILE)"
-            )
+        check_key_fingerprint(self.root, manifest.key_fingerprint, key_fingerprint)
         if manifest.codec != codec or tuple(manifest.windows) != tuple(windows):
             raise ConfigError(
                 f"{self.root} stores codec {manifest.codec} and windows {list(manifest.windows)}; this run asks "

@@ -32,7 +32,7 @@ from pydicom.sr.coding import Code
 from medload import __version__
 from medload.config import IngestConfig
 from medload.errors import ConfigError
-from medload.ingest.deid import Pseudonymizer, load_key
+from medload.ingest.deid import KeyFile, Pseudonymizer, load_key
 from medload.labels.grid import LabelProblem, SeriesGrid
 from medload.labels.masks import mask_to_grid
 from medload.pacs.dicomweb import parse_query
@@ -77,7 +77,7 @@ class PushResult:
 
 
 def to_seg(store: Store | str | Path, key: str, mask, labels: Mapping[int, str | Segment] | None = None, *,
-           pacs: PacsConnection | str, query: str = "", key_file: str | Path | None = None,
+           pacs: PacsConnection | str, query: str = "", key_file: str | Path | KeyFile | None = None,
            config: IngestConfig | None = None, algorithm: tuple[str, str] = ("medload", __version__),
            series_description: str = "medload segmentation", series_number: int = 9901) -> hd.seg.Segmentation:
     """A DICOM SEG of ``mask`` on stored series ``key`` that references the original series in ``pacs``.
@@ -167,13 +167,9 @@ def _opened(store: Store | str | Path) -> Iterator[Store]:
         st.close()
 
 
-def _store_pseudonymizer(store: Store, key_file: str | Path | None) -> Pseudonymizer:
+def _store_pseudonymizer(store: Store, key_file: str | Path | KeyFile | None) -> Pseudonymizer:
     """The pseudonymiser of the store's key; ConfigError for another key (its pseudonyms would match nothing)."""
-    pseudo = Pseudonymizer(load_key(key_file, create=False))
-    if pseudo.fingerprint != store.manifest.key_fingerprint:
-        raise ConfigError(f"{store.path} was built with pseudonymisation key {store.manifest.key_fingerprint}, not "
-                          f"{pseudo.fingerprint}: pass the store's key with --key-file (or MEDLOAD_KEY_FILE)")
-    return pseudo
+    return Pseudonymizer(load_key(key_file, store=store.path))
 
 
 def _mask_on_grid(mask, record: SeriesRecord) -> np.ndarray:
