@@ -151,6 +151,8 @@ class StoreWriter:
         self.shard_bytes = shard_bytes
         check_store_folder(self.root)
         self._lock_fd: int | None = self._acquire_lock()
+        #: shards published but missing from store.json that this writer added to it (see :meth:`_recover`)
+        self.adopted: list[str] = []
         try:
             self.manifest = self._open_or_create(codec, windows, key_fingerprint)
             self._recover()
@@ -218,7 +220,9 @@ class StoreWriter:
 
     def _recover(self) -> None:
         """Publish what a crashed writer left: committed series in staging, shards the manifest missed
-        (after tidying what a killed ``medload compact`` left, whose copies must not be published)."""
+        (after tidying what a killed ``medload compact`` left, whose copies must not be published). Every
+        writer does this first -- ``ingest``, ``compact`` and ``repair`` -- so a ``store.json`` that lags
+        behind ``shards/`` (a crash, or an older copy put back) lists every published shard again."""
         finish_interrupted(self.root, self.manifest)
         listed = {s.name for s in self.manifest.shards}
         for path in sorted((self.root / "shards").glob("*.lmdb")):
@@ -227,6 +231,7 @@ class StoreWriter:
                 log.warning("shard %s was published but missing from store.json (crash); adding it", name)
                 try:
                     self._add_to_manifest(name, path)
+                    self.adopted.append(name)
                 except (StoreError, lmdb.Error) as exc:
                     log.warning("shard %s cannot be read (%s): left out of store.json; `medload verify` notes it",
                                 name, exc)
