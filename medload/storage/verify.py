@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from medload.errors import ConfigError, ShardUnavailableError, StoreError, StoreFormatError
+from medload.errors import ConfigError, ShardUnavailableError, StoreError, StoreFormatError, StoreTooNewError
 from medload.progress import progress_bar
 from medload.storage import shard as sh
 from medload.storage.availability import check_keys
@@ -55,6 +55,8 @@ def verify_store(path: str | Path, *, deep: bool = False, sources: Sequence[Path
                                "give the folder `medload ingest` wrote")
     try:
         manifest = read_manifest(root)
+    except StoreTooNewError:
+        raise  # not damage: this medload cannot read it (upgrade medload)
     except StoreError as exc:
         report.add("manifest", str(manifest_path(root)), str(exc))
         report.seconds = time.perf_counter() - started
