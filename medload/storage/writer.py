@@ -42,6 +42,7 @@ import lmdb
 
 from medload import __version__
 from medload.errors import ConfigError, StoreError, StoreLockedError
+from medload.storage import rejects
 from medload.storage import shard as sh
 from medload.storage.availability import read_shards
 from medload.storage.compact_journal import finish_interrupted
@@ -159,6 +160,7 @@ class StoreWriter:
             self.series_fingerprints: dict[bytes, str] = {}
             self.label_fingerprints: dict[bytes, str] = {}
             self.reject_keys: set[bytes] = set()
+            self._rejected: dict[bytes, RejectRecord] = {}  # the current quarantine records (storage.rejects)
             #: series whose live copy is in a shard that cannot be read -> that shard
             self.unavailable: dict[bytes, str] = {}
             self._load_known()
@@ -261,6 +263,7 @@ class StoreWriter:
             (self.series_fingerprints if kind == "series" else self.label_fingerprints)[key] = ""
         self.unavailable = {key: shard for (kind, key), shard in live.unavailable.items() if kind == "series"}
         self._list_keys(shards, down)
+        held: list[list[RejectRecord]] = []
         for entry in self.manifest.shards:
             if entry.name in down:
                 continue
@@ -268,7 +271,9 @@ class StoreWriter:
             with env.begin() as txn:
                 dbs = sh.open_dbs(env, [sh.REJECTS], create=False, txn=txn)
                 if sh.REJECTS in dbs:
-                    self.reject_keys.update(bytes(k) for k in txn.cursor(db=dbs[sh.REJECTS]).iternext(values=False))
+                    held.append([RejectRecord.from_json(v) for v in txn.cursor(db=dbs[sh.REJECTS]).iternext(keys=False)])
+        self._rejected = {r.record_key: r for r in rejects.current(held)}
+        self.reject_keys = set(self._rejected)
 
     def _list_keys(self, shards: list, down: dict[str, str]) -> None:
         """Upgrade store.json to format 3: the keys of each shard it does not list them for and that reads."""
@@ -330,14 +335,31 @@ class StoreWriter:
     def put_rejects(self, records: Iterable[RejectRecord]) -> int:
         """Record quarantined inputs not already recorded; returns how many were new."""
         new = [r for r in records if r.record_key not in self.reject_keys]
-        if not new:
-            return 0
-        env = self._staging_env()
-        with env.begin(write=True) as txn:
-            for r in new:
-                txn.put(r.record_key, r.to_json(), db=self._dbs[sh.REJECTS])
+        self._put_records(new)
+        self._rejected.update((r.record_key, r) for r in new)
         self.reject_keys.update(r.record_key for r in new)
         return len(new)
+
+    def resolve_rejects(self, sources: Iterable[str], series: Iterable[str]) -> int:
+        """Supersede the current quarantine records of ``sources`` (paths this run stored) and the series-level
+        ones of ``series`` (hex keys of series it wrote), see :mod:`medload.storage.rejects`; returns how many."""
+        paths, keys = set(sources), set(series)
+        done = {k: r for k, r in self._rejected.items()
+                if r.source in paths or (r.series in keys and r.stage != "labels")}
+        self._put_records(list({r.source: rejects.resolution(r) for r in done.values()}.values()))
+        for k in done:
+            del self._rejected[k]
+            self.reject_keys.discard(k)
+        return len(done)
+
+    def _put_records(self, records: list[RejectRecord]) -> None:
+        """Quarantine records into the staging shard, in one transaction."""
+        if not records:
+            return
+        env = self._staging_env()
+        with env.begin(write=True) as txn:
+            for r in records:
+                txn.put(r.record_key, r.to_json(), db=self._dbs[sh.REJECTS])
 
     def _staging_env(self) -> lmdb.Environment:
         if self._env is None:
