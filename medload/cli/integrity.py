@@ -59,7 +59,8 @@ def _print_findings(report, prefix: str) -> None:
 def repair(config: MedloadConfig, store: Path, source_paths: tuple[Path, ...], label_paths: tuple[Path, ...],
            workers: int | None, key_file: Path | None, no_progress: bool) -> None:
     """Verify STORE, ingest its damaged series again from --sources (replacing the damaged copies), retire
-    shards that cannot be read to STORE/retired/, verify again; exit 0 only if STORE then verifies clean.
+    shards that cannot be read to STORE/retired/, verify again; exit 0 only if STORE then verifies clean
+    and no series lost its labels.
     A damaged store.json is restored from its copy first, and published shards it misses are adopted (no
     --sources needed for that alone, nor for storing lost labels again from --labels)."""
     from medload.ingest.repair import repair_store
@@ -97,7 +98,8 @@ def repair(config: MedloadConfig, store: Path, source_paths: tuple[Path, ...], l
     lost = {("label", key) for key in result.labels_dropped}  # said above
     _print_findings(replace(result.after, notes=[n for n in result.after.notes if (n.kind, n.series) not in lost]),
                     "not repaired")
-    click.echo(f"{store}: {'ok' if result.ok else 'DAMAGED'}: {len(result.before.damage)} damage finding(s) before, "
+    state = "ok" if result.ok else "DAMAGED" if not result.after.ok else "LABELS LOST"
+    click.echo(f"{store}: {state}: {len(result.before.damage)} damage finding(s) before, "
                f"{len(result.after.damage)} after; {sum(s.status in ('replaced', 'ingested') for s in result.series)} "
                f"series ingested again, {len(result.labels)} label map(s) stored again, {len(result.labels_dropped)} "
                f"lost, {len(result.resealed)} shard(s) resealed, {len(result.retired)} retired")
