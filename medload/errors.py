@@ -17,6 +17,7 @@ __all__ = [
     "ChecksumError",
     "DiskFullError",
     "ManifestDamagedError",
+    "StoreTooNewError",
     "ShardUnavailableError",
     "InputProblem",
     "RemoteSourceError",
@@ -45,6 +46,11 @@ class StoreError(MedloadError):
 
 class StoreFormatError(StoreError):
     """``store.json`` is missing, unreadable, or written by an incompatible format version."""
+
+
+class StoreTooNewError(StoreFormatError):
+    """The store was written by a newer medload, in a format version this one does not read: upgrade
+    medload. The command line exits with its own status for it (3, see :mod:`medload.cli.failures`)."""
 
 
 class StoreLockedError(StoreError):

@@ -235,6 +235,20 @@ def test_archive_limits(tmp_path: Path) -> None:
         ArchiveLimits(max_ratio=0)
 
 
+def test_a_ratio_just_above_the_cap_is_not_shown_equal_to_it(tmp_path: Path) -> None:
+    """A member whose ratio is the cap plus less than one half: no "200:1 above the cap 200:1"."""
+    for extra in range(0, 64 << 10, 997):  # a member of zeros whose ratio has a fraction under one half
+        path = make_zip(tmp_path / "near.zip", {"near.dcm": bytes((2 << 20) + extra)})
+        with zipfile.ZipFile(path) as archive:
+            info = archive.getinfo("near.dcm")
+        ratio = info.file_size / info.compress_size
+        if 0 < ratio - int(ratio) < 0.5:
+            break
+    [problem] = run(path, limits=ArchiveLimits(max_ratio=int(ratio)))[1]
+    shown, cap = (float(word.split(":")[0]) for word in problem.reason.split() if word.endswith(":1"))
+    assert cap == int(ratio) and shown > cap and abs(shown - ratio) < 0.1, problem.reason
+
+
 def test_nested_archives_are_skipped(tmp_path: Path) -> None:
     inner_zip = make_zip(tmp_path / "inner.zip", {"x.dcm": dcm("x")}).read_bytes()
     inner_tgz = make_tar(tmp_path / "inner.tgz", {"y.dcm": dcm("y")}, "gz").read_bytes()

@@ -257,3 +257,21 @@ def test_labels_of_a_replaced_series_are_dropped_until_ingested_again(tmp_path):
     report = verify_store(store)
     assert report.ok and report.labels == 1, report.damage
     assert len(report.notes) == 3  # the first copy with its labels, the second copy, the labels written onto it
+
+
+def test_a_published_shard_an_older_store_json_misses_is_adopted(built, tmp_path):
+    """store.json put back from before the last ingest: repair, like every writer, lists the later shard again."""
+    store = tmp_path / "store"
+    ingest(built / "src" / "a", store, config=CFG)
+    older = (store / "store.json").read_text()
+    ingest(built / "src" / "b", store, config=CFG)
+    later = read_manifest(store).shards[-1].name
+    (store / "store.json").write_text(older)
+    assert len(open_store(store).series()) == 1 and verify_store(store).ok  # the other series is invisible
+    proc = medload("repair", store, "--no-progress")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"adopted   shard {later}" in proc.stdout and "nothing else to repair" in proc.stdout
+    assert [e.name for e in read_manifest(store).shards][-1] == later
+    assert all(_same_data(store, built / "store", _key(store, n)) for n in (6, 8))
+    report = verify_store(store)
+    assert report.ok and report.notes == [] and report.series == 2

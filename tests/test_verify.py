@@ -186,6 +186,19 @@ def test_damaged_manifest(store):
     assert [d.kind for d in report.damage] == ["manifest"]
 
 
+def test_a_store_of_a_newer_format_is_not_called_damaged(store):
+    """A newer medload's store: one line saying to upgrade, exit 3, from verify as from every command."""
+    doc = json.loads((store / "store.json").read_text())
+    doc["version"] = 4
+    (store / "store.json").write_text(json.dumps(doc))
+    for args in (("verify", store, "--no-progress"), ("repair", store, "--no-progress"), ("ls", store)):
+        proc = subprocess.run([sys.executable, "-m", "medload.cli", *map(str, args)], capture_output=True, text=True)
+        assert proc.returncode == 3 and "DAMAGED" not in proc.stdout, (args, proc.stdout, proc.stderr)
+        assert proc.stderr.strip() == (f"error: {store / 'store.json'} was written by a newer medload (store format "
+                                       "version 4, this medload reads up to version 3): upgrade medload to use it")
+    assert json.loads((store / "store.json").read_text()) == doc  # repair left it as it was
+
+
 def test_deep_finds_a_modified_source_file(built, store, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(built / "src", src)

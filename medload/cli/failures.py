@@ -3,7 +3,8 @@ an exit code; the traceback too only when asked for (``-v`` or ``--debug``).
 
 Exit codes: 0 done; 1 done, but something needs attention (``verify`` found damage, ``ingest --strict``
 rejected inputs...); 2 an error stopped the command (a medload error, a bad option, a file that cannot
-be read or written, a full disk); 70 an unexpected error, which is a bug to report; 130 interrupted.
+be read or written, a full disk); 3 the store was written by a newer medload (upgrade medload: the store
+is not damaged); 70 an unexpected error, which is a bug to report; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from medload.errors import MedloadError
+from medload.errors import MedloadError, StoreTooNewError
 
-__all__ = ["ERROR", "BUG", "INTERRUPTED", "report"]
+__all__ = ["ERROR", "TOO_NEW", "BUG", "INTERRUPTED", "report"]
 
 ERROR = 2
+TOO_NEW = 3
 BUG = 70
 INTERRUPTED = 130
 
@@ -61,7 +63,7 @@ def report(exc: BaseException, console: Console, *, show_traceback: bool) -> int
 def _explain(exc: BaseException) -> tuple[str, int]:
     """The message and exit code of an error that is not click's."""
     if isinstance(exc, MedloadError):
-        return str(exc), ERROR
+        return str(exc), TOO_NEW if isinstance(exc, StoreTooNewError) else ERROR
     if isinstance(exc, OSError) and exc.strerror:
         where = " ".join(f"{name}" for name in (exc.filename, exc.filename2) if name is not None)
         default = "check the path and the disk"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,8 +54,8 @@ def _print_findings(report, prefix: str) -> None:
               help="Folders, files or archives holding the DICOM of the damaged series (a store keeps only hashes "
                    "of its sources, not their paths). Repeatable.")
 @click.option("--labels", "label_paths", multiple=True, type=click.Path(exists=True, path_type=Path),
-              help="Labels of the damaged series, as for ingest --labels (SEG/RTSTRUCT among --sources pair "
-                   "by themselves). Repeatable.")
+              help="Labels of the damaged series, or lost ones (verify notes them), as for ingest --labels "
+                   "(SEG/RTSTRUCT among --sources pair by themselves). Repeatable.")
 @click.option("--workers", type=int, default=None, help="Decoding processes (default: all cores).")
 @key_file_option
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
@@ -62,8 +63,10 @@ def _print_findings(report, prefix: str) -> None:
 def repair(config: MedloadConfig, store: Path, source_paths: tuple[Path, ...], label_paths: tuple[Path, ...],
            workers: int | None, key_file: KeyFile, no_progress: bool) -> None:
     """Verify STORE, ingest its damaged series again from --sources (replacing the damaged copies), retire
-    shards that cannot be read to STORE/retired/, verify again; exit 0 only if STORE then verifies clean.
-    A damaged store.json is restored from its copy first (no --sources needed for that alone)."""
+    shards that cannot be read to STORE/retired/, verify again; exit 0 only if STORE then verifies clean
+    and no series lost its labels.
+    A damaged store.json is restored from its copy first, and published shards it misses are adopted (no
+    --sources needed for that alone, nor for storing lost labels again from --labels)."""
     from medload.ingest.repair import repair_store
 
     cfg = with_overrides(config.ingest, workers=workers)
@@ -73,8 +76,11 @@ def repair(config: MedloadConfig, store: Path, source_paths: tuple[Path, ...], l
         click.echo("restored  store.json from its copy store.json.bak")
     if result.upgraded:
         click.echo("upgraded  store.json to format 3: it lists the keys each shard holds")
-    if result.before.ok:
-        click.echo(f"{store}: ok: no damage, nothing to repair")
+    for name in result.adopted:
+        click.echo(f"adopted   shard {name}: published but missing from store.json; its series are read again")
+    if not result.needed:
+        done = result.restored or result.upgraded or result.adopted
+        click.echo(f"{store}: ok: no damage, nothing {'else ' if done else ''}to repair")
         sys.exit(0)
     for s in result.series:
         if s.status in ("replaced", "ingested"):
@@ -88,10 +94,17 @@ def repair(config: MedloadConfig, store: Path, source_paths: tuple[Path, ...], l
         click.echo(f"not retired  shard {name}: {why}")
     for name in result.resealed:
         click.echo(f"resealed  shard {name}: every live value in it verifies; store.json records its present bytes")
+    for o in result.labels:
+        click.echo(f"labels    {o.key}: stored again from {o.source}")
     for key in result.labels_dropped:
-        click.echo(f"labels lost  {key}: its stored labels went with the damaged copy: give them with --labels")
-    _print_findings(result.after, "not repaired")
-    click.echo(f"{store}: {'ok' if result.ok else 'DAMAGED'}: {len(result.before.damage)} damage finding(s) before, "
+        click.echo(f"labels lost  {key}: its stored labels went with an earlier copy: give them with --labels "
+                   "(SEG/RTSTRUCT: with --sources)")
+    lost = {("label", key) for key in result.labels_dropped}  # said above
+    _print_findings(replace(result.after, notes=[n for n in result.after.notes if (n.kind, n.series) not in lost]),
+                    "not repaired")
+    state = "ok" if result.ok else "DAMAGED" if not result.after.ok else "LABELS LOST"
+    click.echo(f"{store}: {state}: {len(result.before.damage)} damage finding(s) before, "
                f"{len(result.after.damage)} after; {sum(s.status in ('replaced', 'ingested') for s in result.series)} "
-               f"series ingested again, {len(result.resealed)} shard(s) resealed, {len(result.retired)} retired")
+               f"series ingested again, {len(result.labels)} label map(s) stored again, {len(result.labels_dropped)} "
+               f"lost, {len(result.resealed)} shard(s) resealed, {len(result.retired)} retired")
     sys.exit(0 if result.ok else 1)

@@ -188,8 +188,17 @@ def _duplicate_reason(name: str, seen: set[str]) -> str | None:
 def _ratio_reason(size: int, compressed: int, limits: ArchiveLimits) -> str | None:
     """Why ``size`` bytes expanded from ``compressed`` bytes look like a decompression bomb."""
     if size > _RATIO_FLOOR and size > limits.max_ratio * max(compressed, 1):
-        return f"compression ratio {size / max(compressed, 1):.0f}:1 above the cap {limits.max_ratio:g}:1"
+        cap = f"{limits.max_ratio:.15g}"  # 200, 200.5: as given
+        return f"compression ratio {_shown_above(size / max(compressed, 1), float(cap))}:1 above the cap {cap}:1"
     return None
+
+
+def _shown_above(value: float, cap: float) -> str:
+    """``value`` with the fewest decimals that still show it above ``cap`` (200.3, not 200, above a cap of 200)."""
+    for decimals in range(17):
+        if float(text := f"{value:.{decimals}f}") > cap:
+            return text
+    return repr(value)
 
 
 def _size_reason(size: int, compressed: int | None, limits: ArchiveLimits) -> str | None:

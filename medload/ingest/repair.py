@@ -11,7 +11,13 @@ A shard readers cannot use at all (missing, truncated, not LMDB, a damaged B-tre
 a note saying why, never deleted. Its series are known from the keys ``store.json`` lists for it
 (format 3); where it lists none (a format-2 manifest), every series of the sources that the store
 lacks is ingested. A damaged ``store.json`` is first restored from its copy ``store.json.bak``, and a
-format-2 manifest upgraded. What this cannot repair -- values that belong to no record, a series whose
+format-2 manifest upgraded; like every writer, repair first adds to ``store.json`` the published shards it
+misses (:meth:`~medload.storage.writer.StoreWriter._recover`: a crash, or an older copy put back).
+
+Labels go with the damaged copy of a series. Those given (``labels``, or SEG/RTSTRUCT among the sources)
+are stored with the series ingested again; those not given are *lost* (``verify`` notes each series whose
+earlier copy had labels and whose live copy has none), and a later repair given them stores them again,
+with or without sources. What this cannot repair -- values that belong to no record, a series whose
 files are not among the sources, labels that were not given again -- is reported.
 """
 
@@ -25,7 +31,7 @@ from pathlib import Path
 from medload.config import IngestConfig
 from medload.errors import ConfigError
 from medload.ingest.deid import KeyFile
-from medload.ingest.report import SeriesOutcome
+from medload.ingest.report import LabelOutcome, SeriesOutcome
 from medload.ingest.run import ingest
 from medload.storage.availability import read_shards
 from medload.storage.live import merge
@@ -42,19 +48,27 @@ __all__ = ["RepairReport", "repair_store"]
 @dataclass
 class RepairReport:
     """What :func:`repair_store` found and did: verify reports before and after, what ingesting each
-    damaged series again gave (``replaced`` when repaired), the series whose stored labels went with
-    their damaged copy and were not given again, the shards resealed, the shards retired (name -> its
-    note) and those left in place (name -> why), and whether ``store.json`` was restored or upgraded."""
+    damaged series again gave (``replaced`` when repaired), the label maps stored again (label outcomes),
+    the series whose stored labels went with their damaged copy and were not given again, the shards
+    resealed, the shards retired (name -> its note) and those left in place (name -> why), whether
+    ``store.json`` was restored or upgraded, and the published shards it missed that were added to it."""
 
     before: VerifyReport
     after: VerifyReport
     series: list[SeriesOutcome] = field(default_factory=list)
+    labels: list[LabelOutcome] = field(default_factory=list)
     labels_dropped: list[str] = field(default_factory=list)
     resealed: list[str] = field(default_factory=list)
     retired: dict[str, Path] = field(default_factory=dict)
     not_retired: dict[str, str] = field(default_factory=dict)
     restored: bool = False
     upgraded: bool = False
+    adopted: list[str] = field(default_factory=list)
+
+    @property
+    def needed(self) -> bool:
+        """Whether the store needed more than restoring, upgrading or adopting: damage, or lost labels."""
+        return not self.before.ok or bool(self.before.labels_lost)
 
     @property
     def ok(self) -> bool:
@@ -77,22 +91,21 @@ def repair_store(store: str | Path, sources: Sequence[str | Path] = (), *, label
     restored = restore_manifest(root)
     manifest = read_manifest(root)
     upgraded = manifest.version != FORMAT_VERSION or any(e.keys is None for e in manifest.shards)
-    if restored or upgraded:  # a writer adds shards a restored copy misses, and lists each shard's keys
-        with _writer(root, manifest):
-            pass
-        upgraded = upgraded and read_manifest(root).version == FORMAT_VERSION
+    with _writer(root, manifest) as writer:  # adds the shards store.json misses, lists each shard's keys
+        adopted = writer.adopted
+    upgraded = upgraded and read_manifest(root).version == FORMAT_VERSION
     before = verify_store(root, progress=progress)
-    result = RepairReport(before, before, restored=restored, upgraded=upgraded)
-    if before.ok:
+    result = RepairReport(before, before, restored=restored, upgraded=upgraded, adopted=adopted)
+    if not result.needed:
         return result
     manifest = read_manifest(root)
     keys = sorted({d.series for d in before.damage if d.series})
     unlisted = [e.name for e in manifest.shards if e.name in before.unreadable and e.keys is None]
-    if keys or unlisted:
-        if not sources:
-            raise ConfigError(f"{len(keys) or 'the'} damaged series must be ingested again from their sources, and a "
-                              "store keeps only hashes of its sources, never their paths: give the folders, files or "
-                              "archives that hold them with --sources")
+    if (keys or unlisted) and not sources:
+        raise ConfigError(f"{len(keys) or 'the'} damaged series must be ingested again from their sources, and a "
+                          "store keeps only hashes of its sources, never their paths: give the folders, files or "
+                          "archives that hold them with --sources")
+    if keys or unlisted or (before.labels_lost and (sources or labels)):
         if unlisted:
             log.warning("store.json does not list the series of shard(s) %s: ingesting every series of the sources "
                         "that the store lacks", ", ".join(unlisted))
@@ -101,8 +114,7 @@ def repair_store(store: str | Path, sources: Sequence[str | Path] = (), *, label
         report = ingest(list(sources), root, config=cfg, key_file=key_file, progress=progress, labels=labels,
                         force=keys, force_only=not unlisted)
         result.series = [s for s in report.series if s.key in keys or unlisted and s.status == "ingested"]
-        result.labels_dropped = [o.key for o in report.labels  # a dropped label always names its series
-                                 if o.status == "dropped" and o.key is not None]
+        result.labels = [o for o in report.labels if o.status == "ingested"]
     _retire(root, before, result)
     after = verify_store(root, progress=progress)
     if after.resealable:
@@ -111,6 +123,7 @@ def repair_store(store: str | Path, sources: Sequence[str | Path] = (), *, label
         result.resealed = after.resealable
         after = verify_store(root, progress=progress)
     result.after = after
+    result.labels_dropped = after.labels_lost
     return result
 
 

@@ -126,6 +126,7 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
             with disk_full_is_error(writer.root, "commit", "writing labels and quarantine records"):
                 if assigner is not None:
                     assigner.write_stored()
+                writer.resolve_rejects(*_stored(candidates, report))
                 writer.put_rejects(report.rejects)
         finally:
             shutil.rmtree(spool, ignore_errors=True)
@@ -234,6 +235,14 @@ def _plan(candidates: list[SeriesCandidate], writer: StoreWriter, cfg: IngestCon
         report.series.append(SeriesOutcome(key.hex(), "not_found", "", 0, reason=(
             "forced, but none of its files is among the sources: the stored copy is left unchanged")))
     return plans
+
+
+def _stored(candidates: list[SeriesCandidate], report: IngestReport) -> tuple[set[str], set[str]]:
+    """The sources this run stored (files of the series it wrote, labels) and the keys of those series:
+    earlier quarantine records of them are superseded (see :mod:`medload.storage.rejects`)."""
+    written = {s.key for s in report.series if s.status in ("ingested", "replaced")}
+    files = {h.ref.display for c in candidates if c.key.hex() in written for h in c.headers}
+    return files | {o.source for o in report.labels if o.status == "ingested"}, written
 
 
 def _series_record(cand: SeriesCandidate, status: str, stage: str, reason: str) -> RejectRecord:

@@ -27,7 +27,14 @@ from pathlib import Path
 
 import xxhash
 
-from medload.errors import ConfigError, ManifestDamagedError, MedloadError, StoreError, StoreFormatError
+from medload.errors import (
+    ConfigError,
+    ManifestDamagedError,
+    MedloadError,
+    StoreError,
+    StoreFormatError,
+    StoreTooNewError,
+)
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry", "ShardKeys", "read_manifest",
            "write_manifest", "restore_manifest", "manifest_path", "backup_path", "shard_path", "staging_path",
@@ -97,7 +104,11 @@ class Manifest:
             raise ManifestDamagedError(f"{where} is not valid JSON ({exc}): the store manifest is damaged") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise StoreFormatError(f"{where} is not a medload store manifest")
-        if doc.get("version") not in READABLE_VERSIONS:
+        version = doc.get("version")
+        if type(version) is int and version > max(READABLE_VERSIONS):
+            raise StoreTooNewError(f"{where} was written by a newer medload (store format version {version}, this "
+                                   f"medload reads up to version {max(READABLE_VERSIONS)}): upgrade medload to use it")
+        if version not in READABLE_VERSIONS:
             raise StoreFormatError(
                 f"{where} has store format version {doc.get('version')}; this medload reads versions "
                 f"{', '.join(map(str, READABLE_VERSIONS))}: use the medload release that wrote it, or re-ingest"

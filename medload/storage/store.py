@@ -52,6 +52,7 @@ from medload.storage.live import merge
 from medload.storage.manifest import Manifest, ShardEntry, read_manifest, replaced, shard_path
 from medload.storage.read_spans import span_end
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
+from medload.storage.rejects import current as current_rejects
 from medload.storage.selection import select_series, slab_starts, thick_enough
 from medload.storage.uri import monai_items
 from medload.storage.value_reads import advise_values, read_values
@@ -215,8 +216,9 @@ class Store:
                                                      f"`medload ls {self.path}`")
 
     def rejects(self, *, include_skipped: bool = True) -> list[RejectRecord]:
-        """Quarantine records: inputs that were rejected (and, by default, skipped), sorted by source."""
-        out: list[RejectRecord] = []
+        """Quarantine records: inputs that were rejected (and, by default, skipped), sorted by source; not
+        those of a source a later ingest stored (see :mod:`medload.storage.rejects`)."""
+        held: list[list[RejectRecord]] = []
         down = {u.shard for u in self.unavailable()}
         for entry in self.manifest.shards:
             if entry.name in down:
@@ -226,7 +228,9 @@ class Store:
             with env.begin(buffers=True) as txn:
                 dbs = sh.open_dbs(env, [sh.REJECTS], create=False, txn=txn)
                 if sh.REJECTS in dbs:
-                    out.extend(RejectRecord.from_json(bytes(v)) for v in txn.cursor(db=dbs[sh.REJECTS]).iternext(keys=False))
+                    held.append([RejectRecord.from_json(bytes(v))
+                                 for v in txn.cursor(db=dbs[sh.REJECTS]).iternext(keys=False)])
+        out = current_rejects(held)
         if not include_skipped:
             out = [r for r in out if r.status != "skipped"]
         return sorted(out, key=lambda r: (r.source, r.stage, r.reason))

@@ -10,7 +10,8 @@ held by two shards is damage unless the later one marks it replaced (see :mod:`m
 the superseded copy is not checked, only noted with the bytes it takes. ``deep``: each record's
 per-slice source hashes are looked up among the files under ``sources``. ``damage`` is damage of
 committed data; ``notes`` hold the rest (shards a crashed writer left unlisted or unpublished,
-superseded copies, series whose sources were not found, shards ``repair`` retired). A shard readers
+superseded copies, series whose sources were not found, shards ``repair`` retired, series whose labels
+were lost with an earlier copy: :attr:`VerifyReport.labels_lost`). A shard readers
 cannot use at all is *unreadable* (:attr:`VerifyReport.unreadable`), and each series whose live copy
 it holds is damage: ``repair`` ingests those again and retires the shard.
 
@@ -20,11 +21,12 @@ The checks live in :mod:`~medload.storage.verify_shard` (one shard), :mod:`~medl
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from medload.errors import ConfigError, ShardUnavailableError, StoreError, StoreFormatError
+from medload.errors import ConfigError, ShardUnavailableError, StoreError, StoreFormatError, StoreTooNewError
 from medload.progress import progress_bar
 from medload.storage import shard as sh
 from medload.storage.availability import check_keys
@@ -53,6 +55,8 @@ def verify_store(path: str | Path, *, deep: bool = False, sources: Sequence[Path
                                "give the folder `medload ingest` wrote")
     try:
         manifest = read_manifest(root)
+    except StoreTooNewError:
+        raise  # not damage: this medload cannot read it (upgrade medload)
     except StoreError as exc:
         report.add("manifest", str(manifest_path(root)), str(exc))
         report.seconds = time.perf_counter() - started
@@ -78,6 +82,7 @@ def verify_store(path: str | Path, *, deep: bool = False, sources: Sequence[Path
                 why = f"superseded copy in shard {s.name}, {n} bytes reclaimable (a later shard replaced it)"
                 report.notes.append(Damage("series", key.hex(), why, shard=s.name))
     _name_lost_series(live, report)
+    _note_lost_labels(root, shards, live, report)
     if deep:
         check_sources(manifest, live.series, sources, report, progress)
     report.seconds = time.perf_counter() - started
@@ -118,6 +123,27 @@ def _name_lost_series(live: LiveRecords, report: VerifyReport) -> None:
                                         f"{reingest_hint(key.hex())}", series=key.hex() if stored else None, shard=shard)
 
 
+def _note_lost_labels(root: Path, shards: list[ShardRecords], live: LiveRecords, report: VerifyReport) -> None:
+    """A note for each live series without labels whose earlier copy had them: a later copy superseded them
+    (``ingest --force`` or ``repair`` without them), or their shard was retired (its note lists them)."""
+    had: dict[bytes, str] = {}  # series key -> where its lost labels were
+    for s in shards:
+        held = {*s.labels, *(k for kind, k in [*s.broken, *s.lost] if kind == "label")}
+        had.update((k, f"shard {s.name}") for k in sorted(held & live.superseded.get(s.name, set())))
+    for note in sorted((root / "retired").glob("*.json")) if (root / "retired").is_dir() else ():
+        try:
+            listed = json.loads(note.read_text())["store_json_entry"]["keys"]["labels"]
+            had.update((bytes.fromhex(k), f"retired shard {note.stem}") for k in listed)
+        except (OSError, ValueError, KeyError, TypeError):  # no keys listed (format 2) or a damaged note
+            continue
+    labelled = {*live.labels, *(k for kind, k in [*live.broken, *live.unavailable] if kind == "label")}
+    for key in sorted(k for k in had if k in live.series and k not in labelled):
+        report.labels_lost.append(key.hex())
+        report.notes.append(Damage("label", key.hex(), f"labels lost: an earlier copy of this series had labels (in "
+                                   f"{had[key]}), the live copy has none: give them again with `medload repair "
+                                   f"{root} --labels PATH` (SEG/RTSTRUCT: with --sources DIR)", series=key.hex()))
+
+
 # ---- files -----------------------------------------------------------------------------------------
 def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[list[str], set[str]]:
     """Size and digest of each listed shard; notes for unlisted ones. Returns the shards LMDB can open and
@@ -146,8 +172,9 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[
                 suspect.add(name)
             if _opens(name, data, report) and name not in report.unreadable:
                 readable.append(name)
-    for sub, why in (("shards", "published but not in store.json (a writer died before updating it): the next "
-                                "`medload ingest` adds it"),
+    for sub, why in (("shards", "published but not in store.json (a writer died before updating it, or an older "
+                                "store.json was put back): its series are not read; `medload repair` (or the next "
+                                "`ingest` or `compact`) adds it"),
                      ("staging", "unpublished shard of an interrupted ingest: the next `medload ingest` publishes "
                                  "its committed series or discards it")):
         for p in sorted((root / sub).glob("*.lmdb")) if (root / sub).is_dir() else ():

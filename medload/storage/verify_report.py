@@ -43,7 +43,8 @@ class VerifyReport:
     """What :func:`~medload.storage.verify.verify_store` read and found; ``ok`` when it found no damage
     (notes do not count). ``changed``: shards whose ``data.mdb`` has the size ``store.json`` records but
     other bytes; ``unreadable``: shards readers cannot use at all (missing, another size, not LMDB, a
-    damaged B-tree, other records than ``store.json`` lists)."""
+    damaged B-tree, other records than ``store.json`` lists); ``labels_lost``: series whose live copy has no
+    labels although an earlier copy had (a note each: ``medload repair --labels`` stores them again)."""
 
     store: str
     shards: int = 0
@@ -53,6 +54,7 @@ class VerifyReport:
     damage: list[Damage] = field(default_factory=list)
     notes: list[Damage] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
+    labels_lost: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property

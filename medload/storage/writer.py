@@ -42,6 +42,7 @@ import lmdb
 
 from medload import __version__
 from medload.errors import ConfigError, StoreError, StoreLockedError
+from medload.storage import rejects
 from medload.storage import shard as sh
 from medload.storage.availability import read_shards
 from medload.storage.compact_journal import finish_interrupted
@@ -152,12 +153,15 @@ class StoreWriter:
         self.shard_bytes = shard_bytes
         check_store_folder(self.root)
         self._lock_fd: int | None = self._acquire_lock()
+        #: shards published but missing from store.json that this writer added to it (see :meth:`_recover`)
+        self.adopted: list[str] = []
         try:
             self.manifest = self._open_or_create(codec, windows, key_fingerprint)
             self._recover()
             self.series_fingerprints: dict[bytes, str] = {}
             self.label_fingerprints: dict[bytes, str] = {}
             self.reject_keys: set[bytes] = set()
+            self._rejected: dict[bytes, RejectRecord] = {}  # the current quarantine records (storage.rejects)
             #: series whose live copy is in a shard that cannot be read -> that shard
             self.unavailable: dict[bytes, str] = {}
             self._load_known()
@@ -215,7 +219,9 @@ class StoreWriter:
 
     def _recover(self) -> None:
         """Publish what a crashed writer left: committed series in staging, shards the manifest missed
-        (after tidying what a killed ``medload compact`` left, whose copies must not be published)."""
+        (after tidying what a killed ``medload compact`` left, whose copies must not be published). Every
+        writer does this first -- ``ingest``, ``compact`` and ``repair`` -- so a ``store.json`` that lags
+        behind ``shards/`` (a crash, or an older copy put back) lists every published shard again."""
         finish_interrupted(self.root, self.manifest)
         listed = {s.name for s in self.manifest.shards}
         for path in sorted((self.root / "shards").glob("*.lmdb")):
@@ -224,6 +230,7 @@ class StoreWriter:
                 log.warning("shard %s was published but missing from store.json (crash); adding it", name)
                 try:
                     self._add_to_manifest(name, path)
+                    self.adopted.append(name)
                 except (StoreError, lmdb.Error) as exc:
                     log.warning("shard %s cannot be read (%s): left out of store.json; `medload verify` notes it",
                                 name, exc)
@@ -253,6 +260,7 @@ class StoreWriter:
             (self.series_fingerprints if kind == "series" else self.label_fingerprints)[key] = ""
         self.unavailable = {key: shard for (kind, key), shard in live.unavailable.items() if kind == "series"}
         self._list_keys(shards, down)
+        held: list[list[RejectRecord]] = []
         for entry in self.manifest.shards:
             if entry.name in down:
                 continue
@@ -260,7 +268,9 @@ class StoreWriter:
             with env.begin() as txn:
                 dbs = sh.open_dbs(env, [sh.REJECTS], create=False, txn=txn)
                 if sh.REJECTS in dbs:
-                    self.reject_keys.update(bytes(k) for k in txn.cursor(db=dbs[sh.REJECTS]).iternext(values=False))
+                    held.append([RejectRecord.from_json(v) for v in txn.cursor(db=dbs[sh.REJECTS]).iternext(keys=False)])
+        self._rejected = {r.record_key: r for r in rejects.current(held)}
+        self.reject_keys = set(self._rejected)
 
     def _list_keys(self, shards: list, down: dict[str, str]) -> None:
         """Upgrade store.json to format 3: the keys of each shard it does not list them for and that reads."""
@@ -322,14 +332,31 @@ class StoreWriter:
     def put_rejects(self, records: Iterable[RejectRecord]) -> int:
         """Record quarantined inputs not already recorded; returns how many were new."""
         new = [r for r in records if r.record_key not in self.reject_keys]
-        if not new:
-            return 0
-        env = self._staging_env()
-        with env.begin(write=True) as txn:
-            for r in new:
-                txn.put(r.record_key, r.to_json(), db=self._dbs[sh.REJECTS])
+        self._put_records(new)
+        self._rejected.update((r.record_key, r) for r in new)
         self.reject_keys.update(r.record_key for r in new)
         return len(new)
+
+    def resolve_rejects(self, sources: Iterable[str], series: Iterable[str]) -> int:
+        """Supersede the current quarantine records of ``sources`` (paths this run stored) and the series-level
+        ones of ``series`` (hex keys of series it wrote), see :mod:`medload.storage.rejects`; returns how many."""
+        paths, keys = set(sources), set(series)
+        done = {k: r for k, r in self._rejected.items()
+                if r.source in paths or (r.series in keys and r.stage != "labels")}
+        self._put_records(list({r.source: rejects.resolution(r) for r in done.values()}.values()))
+        for k in done:
+            del self._rejected[k]
+            self.reject_keys.discard(k)
+        return len(done)
+
+    def _put_records(self, records: list[RejectRecord]) -> None:
+        """Quarantine records into the staging shard, in one transaction."""
+        if not records:
+            return
+        env = self._staging_env()
+        with env.begin(write=True) as txn:
+            for r in records:
+                txn.put(r.record_key, r.to_json(), db=self._dbs[sh.REJECTS])
 
     def _staging_env(self) -> lmdb.Environment:
         if self._env is None:
