@@ -31,9 +31,11 @@ from medload.data import (
     UniformSampler,
     make_loader,
 )
+from medload.data.labelling import check_labels_choice
 from medload.data.splits import PatientSplit, split_patients
 from medload.errors import ConfigError
 from medload.extras import require
+from medload.storage.selection import select_series
 from medload.storage.store import Store, open_store
 
 require("lightning", "lightning", "medload.lightning (a LightningDataModule)")
@@ -52,7 +54,12 @@ class StoreDataModule(lightning.LightningDataModule):
         store: a store path or an open :class:`~medload.Store`.
         context: 2.5D samples with ``context`` neighbours on each side as channels (the default, 1).
         depth, stride: 3D slabs of ``depth`` slices every ``stride`` (default ``depth``) instead.
-        plane, labels, modality, kernel, thickness, keys: passed to the datasets (``keys`` filters the
+        labels: None (the default): the selected series that have labels (``"only"``: the others are left
+            out, their number logged) when any has them, so every batch of a segmentation has a
+            ``"label"``; no labels where none has them. True, False or ``"only"``: as the datasets take it.
+        classes: a class map for the label values (``["liver", "spleen"]``, or ``{"foreground": ["Liver",
+            "bone"]}`` to merge on purpose): see :class:`~medload.data.SliceDataset`.
+        plane, modality, kernel, thickness, keys, orientation: passed to the datasets (``keys`` filters the
             series before the split).
         batch_size, num_workers, window: as in :func:`~medload.data.make_loader`.
         augment: for training batches: True (the default :class:`~medload.data.AugmentConfig`), an
@@ -78,9 +85,10 @@ class StoreDataModule(lightning.LightningDataModule):
     """
 
     def __init__(self, store: str | os.PathLike | Store, *, context: int | None = None, depth: int | None = None,
-                 stride: int | None = None, plane: str | None = None, labels: bool | None = None,
-                 modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
-                 thickness: tuple[float, float] | None = None, keys=None, batch_size: int = 8,
+                 stride: int | None = None, plane: str | None = None, labels: bool | str | None = None,
+                 classes=None, modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
+                 thickness: tuple[float, float] | None = None, keys=None,
+                 orientation: str | Sequence[str] | None = None, batch_size: int = 8,
                  num_workers: int | str = 0, window=None, augment: bool | AugmentConfig | Callable | None = None,
                  sampler: str | Callable = "uniform", val_fraction: float = 0.2, seed: int = 0,
                  device=None, loader_options: Mapping | None = None) -> None:
@@ -97,8 +105,10 @@ class StoreDataModule(lightning.LightningDataModule):
                               f"dataset; got {sampler!r}")
         self.store = store
         self.context, self.depth, self.stride = (1 if context is None and depth is None else context), depth, stride
-        self.dataset_options: dict[str, Any] = {"plane": plane, "labels": labels, "modality": modality,
-                                                "kernel": kernel, "thickness": thickness}
+        check_labels_choice(labels)
+        self.dataset_options: dict[str, Any] = {"plane": plane, "labels": labels, "classes": classes,
+                                                "modality": modality, "kernel": kernel, "thickness": thickness,
+                                                "orientation": orientation}
         self.keys = keys
         self.batch_size, self.num_workers, self.window = batch_size, num_workers, window
         self.augment, self.sampler, self.val_fraction, self.seed = augment, sampler, val_fraction, seed
@@ -113,6 +123,8 @@ class StoreDataModule(lightning.LightningDataModule):
             return
         if not isinstance(self.store, Store):
             self.store = open_store(self.store)
+        if self.dataset_options["labels"] is None:  # the labelled series, where the selection has any
+            self.dataset_options["labels"] = "only" if self._any_labelled() else False
         self.split = split_patients(self._dataset(self.keys), self.val_fraction, self.seed)
         self.train_dataset = self._dataset(self.split.train)
         self.val_dataset = self._dataset(self.split.val) if self.split.val else None
@@ -145,6 +157,12 @@ class StoreDataModule(lightning.LightningDataModule):
             return SlabDataset(store, self.depth, self.stride, keys=keys, **self.dataset_options)
         # without depth, __init__ set context (1 by default)
         return SliceDataset(store, cast(int, self.context), keys=keys, **self.dataset_options)
+
+    def _any_labelled(self) -> bool:
+        """Whether any series the filters select has labels."""
+        store = cast(Store, self.store)
+        filters = {k: self.dataset_options[k] for k in ("modality", "kernel", "thickness", "orientation")}
+        return any(store.labels(r.key) is not None for r in select_series(store.series(), keys=self.keys, **filters))
 
     def _built(self, dataset):
         """``dataset`` once ``setup()`` has run, and the sampler fits the trainer's processes."""

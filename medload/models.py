@@ -8,9 +8,10 @@ import torch
 __all__ = ["segmentation_unet", "TrainStep"]
 
 
-def segmentation_unet(spatial_dims: int, in_channels: int, *, small: bool = False) -> torch.nn.Module:
-    """A MONAI UNet with one output channel (foreground logits): widths 32-256, or 8-32 when ``small``
-    (a CPU-sized model, as ``--quick`` uses).
+def segmentation_unet(spatial_dims: int, in_channels: int, *, small: bool = False,
+                      out_channels: int = 1) -> torch.nn.Module:
+    """A MONAI UNet with ``out_channels`` output channels (logits: one foreground, or one per class):
+    widths 32-256, or 8-32 when ``small`` (a CPU-sized model, as ``--quick`` uses).
 
     Examples:
         >>> net = segmentation_unet(2, 3, small=True)
@@ -20,7 +21,7 @@ def segmentation_unet(spatial_dims: int, in_channels: int, *, small: bool = Fals
     from monai.networks.nets import UNet
 
     width = (8, 16, 32) if small else (32, 64, 128, 256)
-    return UNet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=1, channels=width,
+    return UNet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=out_channels, channels=width,
                 strides=(2,) * (len(width) - 1), num_res_units=1)
 
 

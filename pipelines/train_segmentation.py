@@ -19,9 +19,17 @@ numbers of steps (a rank with fewer samples repeats its own); validation is not 
 all-reduced from per-sample sums and counts, so each validation sample counts once and the result
 equals the single-process Dice of the same weights. Rank 0 logs and writes the outputs.
 
-Labels come from the store (``medload ingest --labels``). A store without labels (such as the sample
-study) can still be trained end to end with ``--demo-target bone``: the target is then "voxels above
-300 HU" of the centre slice (2.5D) or of the slab (3D), computed from the HU on the device.
+Labels come from the store (``medload ingest --labels``). The run trains on the labelled series of the
+selection (``--labels only``, the default; it logs how many it left out; ``--labels all`` refuses
+unlabelled ones). One stored class: foreground vs background. Several: it stops unless ``--classes``
+says what to train -- ``--classes liver,spleen`` (one output channel each) or ``--classes
+organs=Liver+Spleen`` (merged, because asked) -- since one foreground would merge them. ``--query``,
+``--keys``, ``--modality``, ``--thickness`` and ``--orientation`` select the series as the datasets do.
+A store without labels (such as the sample study) can still be trained end to end with ``--demo-target
+bone``: the target is then "voxels above 300 HU" of the centre slice (2.5D) or of the slab (3D), computed
+from the HU on the device.
+
+    python pipelines/train_segmentation.py --store stores/ct --quick --classes liver,spleen --query "kernel == 'B30f'"
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -43,7 +52,13 @@ from torch.nn.parallel import DistributedDataParallel
 from medload import open_store, windows
 from medload.data import (AugmentConfig, BatchAugment, DistributedPatientSampler, SlabDataset, SliceDataset,
                           locality_order, make_loader, sample_layout)
+from medload.data.labelling import parse_classes, stored_class_names
+from medload.devices import checked_device
+from medload.errors import ConfigError, MedloadError
+from medload.export.nnunet import select_keys
 from medload.models import TrainStep, segmentation_unet
+from medload.storage.orientation import ORIENTATIONS
+from medload.storage.selection import select_series
 
 log = logging.getLogger("train_segmentation")
 
@@ -59,6 +74,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--depth", type=int, default=16, help="3D: slab depth")
     ap.add_argument("--window", default="soft_tissue")
     ap.add_argument("--demo-target", choices=["bone"], help="train on a threshold target when the store has no labels")
+    ap.add_argument("--labels", choices=["only", "all"], default="only",
+                    help="only: train on the selected series that have labels, leaving the others out (logged); "
+                         "all: every selected series must have labels")
+    ap.add_argument("--classes", default=None,
+                    help="stored label classes to train, one output channel each (liver,spleen); NAME=A+B makes one "
+                         "channel of several stored classes (a merge). Needed where the labels hold several classes")
+    ap.add_argument("--query", default=None, help="series filter: a pandas query on the store's catalog "
+                    "(\"kernel == 'B30f' and slice_thickness <= 1.5\")")
+    ap.add_argument("--keys", nargs="+", default=None, help="series filter: series keys or key prefixes")
+    ap.add_argument("--modality", default=None, help="series filter: modality (any case)")
+    ap.add_argument("--thickness", nargs=2, type=float, default=None, metavar=("LO", "HI"),
+                    help="series filter: slice thickness range in mm")
+    ap.add_argument("--orientation", default=None, choices=ORIENTATIONS, help="series filter: the plane of the slices")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
@@ -80,7 +108,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def init_distributed(device: str) -> tuple[int, int, torch.device]:
     """(rank, world size, device). Under torchrun: join the process group (nccl on CUDA, else gloo) and
     use GPU LOCAL_RANK; otherwise a single process on ``device``."""
-    dev = torch.device(device)
+    dev = checked_device(device)
     if "LOCAL_RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return 0, 1, dev
     if dev.type == "cuda":
@@ -116,10 +144,62 @@ def split_by_patient(dataset, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(~last), np.flatnonzero(last)
 
 
-def target_of(batch: dict, hu_center: torch.Tensor | None, demo: str | None) -> torch.Tensor:
+def target_of(batch: dict, hu_center: torch.Tensor | None, demo: str | None, classes: int | None) -> torch.Tensor:
+    """The training target: the demo threshold, foreground vs background (the labels hold one class), or
+    one channel per class of the class map (label value k: channel k - 1)."""
     if demo == "bone":
         return (hu_center > _BONE_HU).to(torch.float32)
-    return (batch["label"] > 0).to(torch.float32)  # foreground vs background
+    label = batch["label"]
+    if classes is None:
+        return (label > 0).to(torch.float32)
+    return torch.cat([label == k for k in range(1, classes + 1)], dim=1).to(torch.float32)
+
+
+def series_filters(args: argparse.Namespace, store) -> dict:
+    """The datasets' series filters from --query, --keys, --modality, --thickness and --orientation."""
+    keys = args.keys
+    if args.query is not None:
+        chosen = select_keys(store, args.query)
+        if not chosen:
+            raise ConfigError(f"--query {args.query!r} matched 0 of {len(store.series())} series of {args.store}: "
+                              "check it against store.catalog()")
+        keys = chosen if keys is None else [k for k in chosen if k.startswith(tuple(p.lower() for p in keys))]
+        if not keys:
+            raise ConfigError(f"--query {args.query!r} and --keys {' '.join(args.keys)} have no series in common")
+    return {"keys": keys, "modality": args.modality, "orientation": args.orientation,
+            "thickness": None if args.thickness is None else tuple(args.thickness)}
+
+
+def build_dataset(args: argparse.Namespace, store) -> SliceDataset | SlabDataset:
+    """The dataset the run trains on: the filtered series, their labels as --labels and --classes say (no
+    labels for a --demo-target); a ConfigError where labels hold several classes and no --classes says
+    what to train (one foreground would merge them)."""
+    filters = series_filters(args, store)
+    classes = None if args.classes is None else parse_classes(args.classes)
+    if args.demo_target is not None:
+        if classes is not None:
+            raise ConfigError("--classes picks stored label classes and --demo-target trains on a threshold target "
+                              "instead: give one of them")
+        labels: bool | str = False
+    else:
+        selected = select_series(store.series(), **filters)
+        if selected and not any(store.labels(r.key) is not None for r in selected):
+            raise SystemExit(f"{args.store} has no labels on the {len(selected)} selected series: ingest them "
+                             "(medload ingest --labels) or pass --demo-target bone")
+        labels = "only" if args.labels == "only" else True
+    if args.three_d:
+        dataset = SlabDataset(store, depth=args.depth, stride=args.depth // 2, labels=labels, classes=classes,
+                              **filters)
+    else:
+        dataset = SliceDataset(store, context=args.context, labels=labels, classes=classes, **filters)
+    if dataset.labels and classes is None:
+        stored = stored_class_names([store.labels(r.key) for r in dataset.records])
+        if len(stored) > 1:
+            raise ConfigError(
+                f"the labelled series hold {len(stored)} classes ({', '.join(stored)}): training one foreground "
+                f"would merge them. Say what to train: --classes {','.join(stored)} (one channel each), --classes "
+                f"{stored[0]} (one of them), or --classes 'foreground={'+'.join(stored)}' (merged, on purpose)")
+    return dataset
 
 
 def main(argv=None) -> dict:
@@ -137,12 +217,10 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
                         format=f"[rank {rank}] %(message)s" if world > 1 else "%(message)s")
     torch.manual_seed(args.seed)
     store = open_store(args.store, cache="1GB")
-    if args.three_d:
-        dataset = SlabDataset(store, depth=args.depth, stride=args.depth // 2)
-    else:
-        dataset = SliceDataset(store, context=args.context)
-    if not dataset.labels and args.demo_target is None:
-        raise SystemExit(f"{args.store} has no labels: ingest them (medload ingest --labels) or pass --demo-target bone")
+    dataset = build_dataset(args, store)
+    classes = None if args.classes is None else cast(dict, dataset.class_names)  # set with a class map
+    if classes is not None:
+        log.info("classes: %s", ", ".join(f"channel {v - 1} = {name}" for v, name in sorted(classes.items())))
     train_idx, val_idx = split_by_patient(dataset, args.seed)
     log.info("%d training and %d validation samples over %d rank(s)", len(train_idx), len(val_idx), world)
     window = windows.get(args.window)
@@ -158,7 +236,8 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
                                   for s in (train_sampler, val_sampler))
     dims = 3 if args.three_d else 2
     channels = 1 if args.three_d else 2 * args.context + 1
-    net = segmentation_unet(dims, channels, small=args.quick).to(device)
+    out_channels = 1 if classes is None else len(classes)
+    net = segmentation_unet(dims, channels, small=args.quick, out_channels=out_channels).to(device)
     if args.init is not None:
         net.load_state_dict(torch.load(args.init, map_location=device, weights_only=True))
     model = net if world == 1 else DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
@@ -171,7 +250,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
     def prepare(batch: dict, train_mode: bool) -> tuple[torch.Tensor, torch.Tensor]:
         hu = batch["image"]  # float HU (no window in make_loader)
         centre = hu[:, args.context : args.context + 1] if dims == 2 else hu
-        target = target_of(batch, centre, args.demo_target)
+        target = target_of(batch, centre, args.demo_target, None if classes is None else len(classes))
         lo, hi = window.bounds
         image = ((hu - lo) / (hi - lo)).clamp_(0, 1)
         if args.downsample > 1:
@@ -217,6 +296,8 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
             if rank == 0:
                 torch.save(net.state_dict(), args.out / "best_model.pt")
     summary = {"store": str(args.store), "mode": "3d" if args.three_d else "2.5d", "history": history,
+               "series": len(dataset.records), "unlabelled_left_out": len(dataset.unlabelled),
+               "classes": None if classes is None else [classes[v] for v in sorted(classes)],
                "best_val_dice": best, "train_samples": int(len(train_idx)), "val_samples": int(len(val_idx)),
                "world_size": world, "ranks": gather(rank_report(dataset, rank, train_sampler, val_sampler, seen))}
     if rank == 0:
@@ -229,8 +310,10 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
 def recap(args: argparse.Namespace, dataset, best: float) -> str:
     """What the run was, what its Dice says, and what to try next (printed at the end of ``make demo``)."""
     series, samples = len(dataset.records), len(dataset)
+    names = None if args.demo_target or args.classes is None else dataset.class_names
     target = (f"the demo target '{args.demo_target}' (voxels above {_BONE_HU} HU, computed from the HU)"
-              if args.demo_target else "the stored labels (foreground vs background)")
+              if args.demo_target else "the stored labels (foreground vs background)" if not names
+              else f"the stored classes {', '.join(names[v] for v in sorted(names))} (one channel each)")
     run = (f"{args.epochs} epochs of a {'3D' if args.three_d else '2.5D'} UNet on {series} series "
            f"({samples} samples) of {args.store}, on {target}")
     if args.quick:
@@ -267,4 +350,7 @@ def gather(report: dict) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MedloadError as exc:  # a bad flag or store: one line saying what to do, not a traceback
+        raise SystemExit(f"error: {exc}") from None

@@ -91,9 +91,39 @@ def test_filters_select_series(built):
     assert len(SliceDataset(store, kernel="BONE")) == 6
     assert len(SliceDataset(store, thickness=(0.5, 1.5))) == 9
     assert len(SliceDataset(store, thickness=(2.0, 3.0))) == 6 + 5  # 3 mm and the oblique 2.5 mm
-    assert len(SliceDataset(store, modality="CT")) == 20
+    assert len(SliceDataset(store, modality="CT")) == len(SliceDataset(store, modality="ct")) == 20  # any case
+    assert len(SliceDataset(store, orientation="oblique")) == 5 and len(SliceDataset(store, orientation="axial")) == 15
     with pytest.raises(ConfigError, match="no series"):
         SliceDataset(store, modality="MR")
+
+
+def test_a_selection_of_nothing_says_what_each_filter_matched(built):
+    store = open_store(built[0])
+    with pytest.raises(ConfigError, match=r"modality='MR' matched 0 of 3 \(stored modalities: CT\); "
+                                          r"thickness=\(0.5, 0.8\) matched 0 of 3 \(stored thicknesses: 1.0, 2.5, 3.0 mm\)"):
+        SliceDataset(store, modality="MR", thickness=(0.5, 0.8))
+    with pytest.raises(ConfigError, match=r"kernel='BONE' matched 1 of 3 \(stored kernels: BONE, STANDARD\); "
+                                          r"thickness=\(0.5, 1.5\) matched 1 of 3 .*; each matches some series, but "
+                                          "no series matches all of them"):
+        SlabDataset(store, depth=2, kernel="BONE", thickness=(0.5, 1.5))
+    with pytest.raises(ConfigError, match=r"keys \(1 key\(s\) or prefixes\) matched 0 of 3"):
+        store.items(context=0, keys="ffff")
+    with pytest.raises(ConfigError, match="thickness is a range"):
+        SliceDataset(store, thickness=(3.0, 1.0))
+
+
+def test_a_cuda_device_the_machine_lacks_is_refused_when_the_loader_is_made(built):
+    ds = SliceDataset(open_store(built[0]), context=0, keys=_keys_of(built[1], 9))
+    missing = torch.cuda.device_count()  # one past the last GPU, on any machine
+    with pytest.raises(ConfigError, match=f"cuda:{missing}"):
+        make_loader(ds, 2, device=f"cuda:{missing}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU has a device='cuda'")
+def test_device_cuda_without_a_gpu_is_a_config_error_not_a_failing_first_batch(built):
+    ds = SliceDataset(open_store(built[0]), context=0, keys=_keys_of(built[1], 9))
+    with pytest.raises(ConfigError, match="torch sees no CUDA device here.*device='cpu'"):
+        make_loader(ds, 2, device="cuda")
 
 
 def test_batches_equal_items_and_mixed_sizes_are_refused(built):

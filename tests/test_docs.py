@@ -69,3 +69,33 @@ def test_nothing_in_the_repository_cites_a_design_file_outside_it():
     cited = [p.relative_to(REPO) for p in REPO.rglob("*") if p.suffix in {".py", ".md", ".ipynb", ".toml", ".yml"}
              and not skip & set(p.relative_to(REPO).parts) and name in p.read_text(errors="ignore")]
     assert cited == [], f"these cite {name}, which is not in the repository: {cited}"
+
+
+def test_the_training_pages_examples_run_on_the_sample_and_on_a_partly_labelled_store(tmp_path, monkeypatch):
+    """docs/training.md's first example on the sample study (on the CPU here), its filter error as quoted, and
+    its hospital-store example on 9 series with 6 labelled."""
+    import re
+
+    from conftest import PHILIPS
+    from labelled_store import make_partly_labelled_store
+
+    from medload.config import IngestConfig
+    from medload.data import SliceDataset
+    from medload.errors import ConfigError
+    from medload.ingest import ingest
+
+    page = (REPO / "docs" / "training.md").read_text()
+    first, hospital = _python_blocks(REPO / "docs" / "training.md")[:2]
+    ingest(PHILIPS / "dicom", tmp_path / "stores" / "sample", config=IngestConfig(workers=1))
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(first, "docs/training.md", "exec"), namespace)  # noqa: S102 -- the page's own example
+    assert len(namespace["train"]) == 28 and tuple(namespace["batch"]["image"].shape) == (4, 3, 512, 512)
+    with pytest.raises(ConfigError) as err:
+        SliceDataset(namespace["store"], modality="MR", thickness=(0.5, 3.0))
+    quoted = " ".join(re.search(r"`(no series of stores/sample match the filters: .*?)`", page, re.S)[1].split())
+    assert quoted.split(": ", 1)[1] in str(err.value)
+
+    namespace["store"] = medload.open_store(make_partly_labelled_store(tmp_path / "partly"))
+    exec(compile(hospital, "docs/training.md", "exec"), namespace)  # noqa: S102
+    assert namespace["train"].class_names == {1: "liver", 2: "spleen"} and len(namespace["train"].unlabelled) == 3

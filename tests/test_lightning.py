@@ -11,7 +11,7 @@ import torch
 
 lightning = pytest.importorskip("lightning", reason="PyTorch Lightning is an optional extra (medload[lightning])")
 
-from labelled_store import COLS, ROWS, make_labelled_store  # noqa: E402
+from labelled_store import COLS, ROWS, make_labelled_store, make_partly_labelled_store  # noqa: E402
 
 from medload.data import DistributedPatientSampler, SliceDataset, UniformSampler  # noqa: E402
 from medload.errors import ConfigError, MedloadError  # noqa: E402
@@ -69,6 +69,35 @@ def test_trainer_fit_runs_two_steps_over_the_store(store_path, kind):
     assert {r.patient for r in data.train_dataset.records}.isdisjoint(r.patient for r in data.val_dataset.records)
     assert len(train_patients) == 4 and len({r.patient for r in data.val_dataset.records}) == 1  # 0.2 of 5
     assert sorted(data.split.train + data.split.val) == sorted(r.key for r in open_store(store_path).series())
+
+
+@pytest.fixture(scope="module")
+def partly_path(tmp_path_factory):
+    """9 patients, 6 labelled (see labelled_store.make_partly_labelled_store)."""
+    return make_partly_labelled_store(tmp_path_factory.mktemp("partly"))
+
+
+def test_the_docs_one_liner_fits_and_validates_a_partly_labelled_store(partly_path):
+    """`Trainer().fit(model, datamodule=StoreDataModule(store, window=...))`: the labelled series, every batch
+    with a "label" (a KeyError in the validation step before)."""
+    data = StoreDataModule(partly_path, window="soft_tissue")  # the one-liner: no class map
+    with pytest.warns(UserWarning, match="mean different classes"):  # said, and every batch still has its label
+        _trainer(max_steps=1).fit(TinySegmenter(channels=3, dims=2), datamodule=data)
+
+    store = open_store(partly_path)
+    labelled = {r.key for r in store.series() if store.labels(r.key) is not None}
+    data = StoreDataModule(partly_path, window="soft_tissue", classes=["liver", "spleen"])
+    model = TinySegmenter(channels=3, dims=2)
+    trainer = _trainer(max_epochs=1)
+    trainer.fit(model, datamodule=data)
+    trainer.validate(model, datamodule=data)
+    assert data.dataset_options["labels"] == "only" and len(labelled) == 6
+    assert {r.key for r in (*data.train_dataset.records, *data.val_dataset.records)} == labelled
+    assert len(model.seen["train"]) == len(data.train_dataloader()) and model.seen["val"]
+    assert data.train_dataset.class_names == {1: "liver", 2: "spleen"}
+    everything = StoreDataModule(partly_path, labels=False)
+    everything.setup("fit")
+    assert len(everything.split.train) + len(everything.split.val) == 9 and not everything.train_dataset.labels
 
 
 def test_epochs_reshuffle_as_the_seeded_sampler_orders_and_validation_is_sequential(store_path):

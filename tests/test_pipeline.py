@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 
 import pytest
+import torch
 from conftest import PHILIPS, REPO
+from labelled_store import make_partly_labelled_store
 
 from medload.config import IngestConfig
+from medload.errors import ConfigError
 from medload.ingest import ingest
+from medload.storage.store import open_store
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +74,46 @@ def test_quick_training_on_stored_labels(tmp_path):
     summary = _pipeline().main(["--store", str(tmp_path / "store"), "--quick", "--out", str(tmp_path / "run")])
     assert summary["train_samples"] + summary["val_samples"] == 20
     assert all(math.isfinite(h["train_loss"]) for h in summary["history"])
+
+
+@pytest.fixture(scope="module")
+def partly_labelled(tmp_path_factory):
+    """9 patients, 6 labelled: 'Liver' on four, 'Spleen' (value 1) and 'Liver' (value 2) on two."""
+    return make_partly_labelled_store(tmp_path_factory.mktemp("partly"))
+
+
+def test_a_partly_labelled_store_trains_on_its_labelled_series_one_channel_per_class(partly_labelled, tmp_path,
+                                                                                       caplog):
+    with caplog.at_level(logging.INFO):
+        summary = _pipeline().main(["--store", str(partly_labelled), "--quick", "--epochs", "2", "--labels", "only",
+                                    "--classes", "liver,spleen", "--out", str(tmp_path / "run")])
+    assert summary["series"] == 6 and summary["unlabelled_left_out"] == 3 and summary["classes"] == ["liver", "spleen"]
+    assert summary["train_samples"] + summary["val_samples"] == 6 * 6
+    assert all(math.isfinite(h["train_loss"]) for h in summary["history"]) and 0.0 < summary["best_val_dice"] <= 1.0
+    assert "3 of 9 selected series" in caplog.text and "channel 1 = spleen" in caplog.text
+    weights = torch.load(tmp_path / "run" / "best_model.pt", weights_only=True)
+    assert list(weights.values())[-1].shape[0] == 2  # two output channels
+
+
+def test_several_stored_classes_are_not_merged_into_one_foreground_without_being_asked(partly_labelled, tmp_path):
+    run = ["--store", str(partly_labelled), "--quick", "--epochs", "1", "--max-steps", "1", "--out", str(tmp_path)]
+    with pytest.warns(UserWarning, match="mean different classes"), pytest.raises(
+            ConfigError, match=r"hold 2 classes \(Liver, Spleen\): training one foreground would merge them.*"
+                               r"--classes 'foreground=Liver\+Spleen'"):
+        _pipeline().main(run)
+    summary = _pipeline().main([*run, "--classes", "organs=Liver+Spleen"])  # a merge, asked for
+    assert summary["classes"] == ["organs"]
+
+
+def test_the_pipeline_takes_the_datasets_series_filters(partly_labelled, tmp_path):
+    store = open_store(partly_labelled)
+    liver_only = [r.key for r in store.series() if (lab := store.labels(r.key)) and lab.classes == {"1": "Liver"}]
+    run = ["--store", str(partly_labelled), "--quick", "--epochs", "1", "--max-steps", "1", "--out", str(tmp_path)]
+    summary = _pipeline().main([*run, "--keys", *(k[:10] for k in liver_only), "--modality", "ct"])
+    assert summary["series"] == 4 and summary["unlabelled_left_out"] == 0 and summary["classes"] is None
+    summary = _pipeline().main([*run, "--query", "labelled and orientation == 'axial'", "--classes", "liver"])
+    assert summary["series"] == 6 and summary["unlabelled_left_out"] == 0
+    with pytest.raises(ConfigError, match=r"modality='MR' matched 0 of 9 \(stored modalities: CT\)"):
+        _pipeline().main([*run, "--modality", "MR"])
+    with pytest.raises(ConfigError, match="3 of 9 series have no labels"):
+        _pipeline().main([*run, "--labels", "all", "--classes", "liver"])

@@ -18,6 +18,7 @@ from rich.markup import escape
 from medload.allocator import keep_large_buffers_in_heap
 from medload.cli.failures import report
 from medload.config import load_config, parse_size
+from medload.errors import ConfigError
 
 __all__ = ["cli", "main", "console", "err_console", "short", "size", "read_config", "renamed", "Device", "Suffix"]
 
@@ -42,20 +43,12 @@ class Device(click.ParamType):
     name = "device"
 
     def convert(self, value, param, ctx):
-        import torch
+        from medload.devices import checked_device
 
         try:
-            device = torch.device(value)
-        except (RuntimeError, ValueError):
-            self.fail(f"{value!r} is not a torch device: give cpu, cuda or cuda:N", param, ctx)
-        if device.type == "cuda":
-            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            if count == 0:
-                self.fail(f"{value!r}: torch sees no CUDA device here: give cpu, or install a CUDA build of torch",
-                          param, ctx)
-            if device.index is not None and device.index >= count:
-                self.fail(f"{value!r}: this machine has {count} CUDA device(s): give cuda:0 to cuda:{count - 1}",
-                          param, ctx)
+            checked_device(value)
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
         return str(value)
 
 

@@ -54,8 +54,9 @@ def info(store: Path) -> None:
 @click.argument("store", type=click.Path(exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of series records.")
 def ls_(store: Path, as_json: bool) -> None:
-    """List the series of STORE (keys, shapes, geometry, digests); those in a shard that cannot be read
-    as unavailable, with the reason."""
+    """List the series of STORE (keys, modality, shapes, plane -- axial, coronal, sagittal or oblique --,
+    digests); those in a shard that cannot be read as unavailable, with the reason."""
+    from medload.storage.orientation import series_orientation
     from medload.storage.store import open_store
 
     st = open_store(store)
@@ -67,7 +68,8 @@ def ls_(store: Path, as_json: bool) -> None:
         return
     for r in records:
         split = f"  split {r.split}" if r.split else ""
-        click.echo(f"{r.key}  {r.modality:3s} {'x'.join(map(str, r.shape)):>14s}  digest {r.digest}{split}")
+        click.echo(f"{r.key}  {r.modality:3s} {'x'.join(map(str, r.shape)):>14s}  {series_orientation(r):8s}  "
+                   f"digest {r.digest}{split}")
     for key, u in lost:
         click.echo(f"{key}  unavailable: shard {u.shard} cannot be read ({u.reason})")
     for u in down:

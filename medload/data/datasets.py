@@ -31,11 +31,12 @@ import numpy as np
 import torch
 
 from medload import windows as win
-from medload.data.index import SampleIndex, select_series, slab_index, slice_index
+from medload.data.index import SampleIndex, slab_index, slice_index
+from medload.data.labelling import check_labels_choice, class_tables, labelled_only
 from medload.data.layout import sample_affine
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
-from medload.storage.selection import thick_enough
+from medload.storage.selection import require_series, thick_enough
 from medload.storage.shard import LABELS
 from medload.storage.store import Store
 
@@ -48,31 +49,49 @@ class _StoreDataset(torch.utils.data.Dataset):
     spatial_dims: int  # of a sample: 2 (2.5D stacks) or 3 (slabs)
 
     def __init__(self, store: Store, records: list[SeriesRecord], index: SampleIndex, *, plane: str | None,
-                 labels: bool | None) -> None:
-        if not records:
-            raise ConfigError(f"no series of {store.path} match the dataset's filters: check them with `medload ls`")
+                 labels: bool | str | None, classes=None) -> None:
         label_records = [store.labels(r.key) for r in records]
         missing = sum(lab is None for lab in label_records)
         if labels is True and missing:
-            raise ConfigError(f"{missing} of {len(records)} series have no labels; "
-                              "filter them out (keys=...) or ingest their labels")
+            raise ConfigError(f"{missing} of {len(records)} series have no labels: pass labels='only' to train on the "
+                              "labelled ones, filter them out (keys=...) or ingest their labels")
         if labels is None and missing and missing < len(records):
             warnings.warn(f"{missing} of {len(records)} series of {store.path} have no labels, so the dataset has "
-                          "none: pass labels=True after filtering those series out (keys=...), or labels=False "
-                          "to silence this", UserWarning, stacklevel=3)
+                          "none: pass labels='only' to keep the labelled series, or labels=False to silence this",
+                          UserWarning, stacklevel=3)
         self.store = store
         self.index = index
         self.plane = None if plane is None else win.get(plane).name
-        self.labels = missing == 0 if labels is None else labels
+        self.labels = missing == 0 if labels is None else bool(labels)
+        if classes is not None and not self.labels:
+            raise ConfigError("classes= maps stored label classes, and this dataset has no labels: pass labels='only' "
+                              "to keep the labelled series")
         by_key = {r.key: r for r in records}
         self._records = [by_key[k] for k in index.keys]
         self._affines = np.stack([np.asarray(r.affine, dtype=np.float64) for r in self._records])
         self._hw = np.array([r.shape[1:] for r in self._records], dtype=np.int32)
         self.dtype = store.plane_dtype(records[0].key, self.plane)
         self._label_records = {lab.key: lab for lab in label_records if lab is not None}
-        self.label_dtype = (np.result_type(*(np.dtype(lab.dtype) for lab in self._label_records.values()))
-                            if self.labels else None)
+        #: label value -> class name (background left out); None without labels, or where the stored
+        #: numberings disagree and no class map was given (:mod:`medload.data.labelling`)
+        self.class_names: dict[int, str] | None = None
+        self._luts: dict[str, np.ndarray] | None = None
+        if self.labels:
+            self.class_names, self._luts = class_tables(list(self._label_records.values()), classes)
+        self.label_dtype = (None if not self.labels else next(iter(self._luts.values())).dtype if self._luts
+                            else np.result_type(*(np.dtype(lab.dtype) for lab in self._label_records.values())))
         self.foreground = self._foreground() if self.labels else None
+
+    @staticmethod
+    def _series(store: Store, labels, filters: dict) -> tuple[list[SeriesRecord], tuple[str, ...]]:
+        """The series the filters select (a ConfigError saying what each matched where none does) and,
+        with ``labels="only"``, the keys of those left out for having no labels."""
+        check_labels_choice(labels)
+        records = require_series(store.series(), str(store.path), **filters)
+        if labels != "only":
+            return records, ()
+        kept, left_out = labelled_only(store, records)
+        return kept, tuple(left_out)
 
     # ---- what each kind of sample defines (SliceDataset, SlabDataset) ------------------------------
     def _sample_foreground(self, per_slice: np.ndarray, z: np.ndarray) -> np.ndarray:
@@ -101,9 +120,12 @@ class _StoreDataset(torch.utils.data.Dataset):
 
     # ---- labels and foreground ------------------------------------------------------------------
     def _slice_foreground(self, key: str) -> np.ndarray:
-        """Per slice of a series: whether its label has any foreground voxel."""
-        return np.asarray(self._label_records[key].foreground, dtype=np.int64).reshape(-1, max(
-            1, len(self._label_records[key].classes))).sum(axis=1) > 0
+        """Per slice of a series: whether its label has any foreground voxel (of a class the class map keeps)."""
+        label = self._label_records[key]
+        counts = np.asarray(label.foreground, dtype=np.int64).reshape(-1, max(1, len(label.classes)))
+        if self._luts is not None and label.classes:
+            counts = counts[:, self._luts[key][label.class_ids] > 0]
+        return counts.sum(axis=1) > 0
 
     def _foreground(self) -> np.ndarray:
         """Per sample: whether its label has foreground (what :class:`ForegroundSampler` draws on)."""
@@ -114,8 +136,11 @@ class _StoreDataset(torch.utils.data.Dataset):
         return out
 
     def _read_label(self, rec: SeriesRecord, z0: int, z1: int, out: np.ndarray) -> None:
-        """Labels of one series into ``out`` (cast when series' label dtypes differ)."""
-        if np.dtype(self._label_records[rec.key].dtype) == out.dtype:
+        """Labels of one series into ``out`` (through the class map's table, or cast when series' label
+        dtypes differ)."""
+        if self._luts is not None:
+            out[...] = self._luts[rec.key][self.store.read_label(rec.key, z0, z1)]
+        elif np.dtype(self._label_records[rec.key].dtype) == out.dtype:
             self.store.read_label(rec.key, z0, z1, out=out)
         else:
             out[...] = self.store.read_label(rec.key, z0, z1)
@@ -241,8 +266,18 @@ class SliceDataset(_StoreDataset):
         store: an open :class:`~medload.Store`.
         context: k, neighbours on each side (0: single slices).
         plane: read a pre-windowed uint8 plane stored at ingest (``"lung"``) instead of HU.
-        labels: include the centre slice's label map ``(1, H, W)``; None: when every series has one.
-        modality, kernel, thickness, keys: filters on the series (see :func:`select_series`).
+        labels: include the centre slice's label map ``(1, H, W)``; None: when every series has one (a
+            warning where only some do); ``"only"``: keep just the series that have one (the others'
+            keys in ``unlabelled``, their number logged).
+        classes: a class map, for label values that mean one thing in every series: ``["liver",
+            "spleen"]`` (value k is the k-th stored class name, any case) or ``{"liver": ["Liver",
+            "LIVER_1"], "foreground": ["Liver", "bone"]}`` (several stored classes in one: a merge, asked
+            for); other stored classes become background. None: values as stored (a warning where the
+            series number their classes differently). ``class_names`` says what each value is
+            (:mod:`medload.data.labelling`).
+        modality, kernel, thickness, keys, orientation: filters on the series (see
+            :func:`~medload.storage.selection.select_series`); where none is left, the error says what
+            each filter matched.
 
     Examples:
         >>> ds = SliceDataset(medload.open_store("stores/sample"), context=1)
@@ -252,14 +287,16 @@ class SliceDataset(_StoreDataset):
 
     spatial_dims = 2
 
-    def __init__(self, store: Store, context: int = 1, *, plane: str | None = None, labels: bool | None = None,
-                 modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
-                 thickness: tuple[float, float] | None = None, keys: Sequence[str] | None = None) -> None:
+    def __init__(self, store: Store, context: int = 1, *, plane: str | None = None, labels: bool | str | None = None,
+                 classes=None, modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
+                 thickness: tuple[float, float] | None = None, keys: Sequence[str] | None = None,
+                 orientation: str | Sequence[str] | None = None) -> None:
         if context < 0:
             raise ConfigError(f"context must be >= 0 neighbours, got {context}")
-        records = select_series(store.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
+        records, self.unlabelled = self._series(store, labels, dict(
+            modality=modality, kernel=kernel, thickness=thickness, keys=keys, orientation=orientation))
         self.context = context
-        super().__init__(store, records, slice_index(records), plane=plane, labels=labels)
+        super().__init__(store, records, slice_index(records), plane=plane, labels=labels, classes=classes)
 
     @property
     def channels(self) -> int:
@@ -318,13 +355,15 @@ class SlabDataset(_StoreDataset):
     spatial_dims = 3
 
     def __init__(self, store: Store, depth: int, stride: int | None = None, *, plane: str | None = None,
-                 labels: bool | None = None, modality: str | Sequence[str] | None = None,
+                 labels: bool | str | None = None, classes=None, modality: str | Sequence[str] | None = None,
                  kernel: str | Sequence[str] | None = None, thickness: tuple[float, float] | None = None,
-                 keys: Sequence[str] | None = None) -> None:
-        records = select_series(store.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
+                 keys: Sequence[str] | None = None, orientation: str | Sequence[str] | None = None) -> None:
+        records, self.unlabelled = self._series(store, labels, dict(
+            modality=modality, kernel=kernel, thickness=thickness, keys=keys, orientation=orientation))
         records = thick_enough(records, depth)
         self.depth = depth
-        super().__init__(store, records, slab_index(records, depth, stride or depth), plane=plane, labels=labels)
+        super().__init__(store, records, slab_index(records, depth, stride or depth), plane=plane, labels=labels,
+                         classes=classes)
 
     def _sample_foreground(self, per_slice: np.ndarray, z: np.ndarray) -> np.ndarray:
         cumulative = np.concatenate([[0], np.cumsum(per_slice)])

@@ -37,6 +37,7 @@ from medload.data.batch_meta import as_meta_batch, sample_keys
 from medload.data.buckets import ShapeBucketBatchSampler, shape_buckets
 from medload.data.buffers import PinnedStaging, Recycler
 from medload.data.readahead import ReadAhead
+from medload.devices import checked_device
 from medload.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -391,7 +392,7 @@ def make_loader(dataset, batch_size: int, num_workers: int | str = 0, device: st
         >>> batch = next(iter(loader)); batch["image"].shape, batch["image"].dtype
         (torch.Size([8, 3, 512, 512]), torch.float32)
     """
-    device = torch.device(device)
+    device = checked_device(device)  # a GPU this machine lacks fails here, not at the first batch
     if dataset.plane is not None and window is not None:
         raise ConfigError(f"the dataset reads stored {dataset.plane!r} planes (already windowed): drop window={window!r}")
     sampler = _order(dataset, sampler, shuffle, seed)

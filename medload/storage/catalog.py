@@ -2,11 +2,13 @@
 
 One row per series, one column per field in :data:`COLUMNS`. Numbers are plain columns (``slices``,
 ``rows``, ``columns``, ``spacing_x/y/z`` in mm along column, row and slice), so ``DataFrame.query``
-works on them; ``label_classes``, ``windows`` and ``flags`` are tuples of names. ``split``,
+works on them; ``label_classes``, ``windows`` and ``flags`` are tuples of names. ``orientation`` is the
+plane the slices were cut in, ``axial``, ``coronal``, ``sagittal`` or ``oblique`` (the slice normal more
+than 10 degrees off every patient axis: :mod:`medload.storage.orientation`). ``split``,
 ``time_series`` and ``time_point`` say which stack of a split series a row is (see
 :class:`~medload.storage.records.SeriesRecord`): ``cat.query("time_series == @ts").sort_values("time_point")``
 lists the time points of one time series in order. Filter names follow
-the dataset filters (``modality``, ``kernel``, ``slice_thickness``), and a filtered frame's ``key``
+the dataset filters (``modality``, ``kernel``, ``slice_thickness``, ``orientation``), and a filtered frame's ``key``
 column feeds a dataset directly. A series in a shard that cannot be read has a row with its key, its
 shard and, in ``unavailable``, why (empty otherwise); its other fields are missing (``<NA>``).
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from medload.extras import require
+from medload.storage.orientation import series_orientation
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["COLUMNS", "catalog"]
 
 COLUMNS = ("key", "patient", "study", "modality", "body_part", "manufacturer", "model", "kernel", "slice_thickness",
-           "slices", "rows", "columns", "spacing_x", "spacing_y", "spacing_z", "dtype", "labelled", "label_classes",
+           "slices", "rows", "columns", "spacing_x", "spacing_y", "spacing_z", "orientation", "dtype", "labelled", "label_classes",
            "windows", "flags", "split", "time_series", "time_point", "shard", "unavailable")
 """Catalog columns, in order. ``patient`` and ``study`` are keyed pseudonyms, never DICOM identifiers."""
 
@@ -49,7 +52,7 @@ def catalog(store: Store) -> pd.DataFrame:
         classes = () if label is None else tuple(label.classes[c] for c in sorted(label.classes, key=int))
         why = f"its labels are in shard {lost_labels[rec.key].shard}, which cannot be read" if rec.key in lost_labels else ""
         rows.append((rec.key, rec.patient, rec.study, rec.modality, rec.body_part, rec.manufacturer, rec.model,
-                     rec.kernel, rec.slice_thickness, *rec.shape, *rec.spacing, rec.dtype,
+                     rec.kernel, rec.slice_thickness, *rec.shape, *rec.spacing, series_orientation(rec), rec.dtype,
                      label is not None or rec.key in lost_labels, classes, rec.windows, rec.flags, rec.split,
                      rec.time_series, rec.time_point, rec.shard, why))
     lost = [(key, u) for u in down for key in u.series or ()]

@@ -53,7 +53,7 @@ from medload.storage.manifest import Manifest, ShardEntry, read_manifest, replac
 from medload.storage.read_spans import span_end
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 from medload.storage.rejects import current as current_rejects
-from medload.storage.selection import select_series, slab_starts, thick_enough
+from medload.storage.selection import require_series, slab_starts, thick_enough
 from medload.storage.uri import monai_items
 from medload.storage.value_reads import advise_values, read_values
 
@@ -238,13 +238,14 @@ class Store:
     def items(self, *, context: int | None = None, depth: int | None = None, stride: int | None = None,
               plane: str | None = None, labels: bool = False, modality: str | Sequence[str] | None = None,
               kernel: str | Sequence[str] | None = None, thickness: tuple[float, float] | None = None,
-              keys: str | Iterable[str] | None = None) -> list[dict[str, str | int]]:
+              keys: str | Iterable[str] | None = None,
+              orientation: str | Sequence[str] | None = None) -> list[dict[str, str | int]]:
         """Every 2.5D stack (``context=k``) or 3D slab (``depth=D``, every ``stride`` slices) as a dict
         for MONAI's ``LoadImaged(keys=..., reader=MedloadReader())``: ``"image"`` (and ``"label"`` with
         ``labels=True``) a ``medload:`` URI, plus the datasets' ``"key"`` (series key), ``"z"`` (the
         centre slice of a stack, the first slice of a slab) and ``"index"`` (position in the list).
 
-        ``modality``, ``kernel``, ``thickness``, ``keys`` filter the series as the datasets do (see
+        ``modality``, ``kernel``, ``thickness``, ``keys``, ``orientation`` filter the series as the datasets do (see
         :func:`~medload.storage.selection.select_series`), so ``items[i]`` is the sample ``i`` of a
         :class:`~medload.data.SliceDataset` (or :class:`~medload.data.SlabDataset`) with the same
         arguments. ``plane``: a uint8 plane stored at ingest instead of HU.
@@ -262,9 +263,8 @@ class Store:
             raise ConfigError("give either context=k (2.5D stacks) or depth=D (3D slabs)")
         if context is not None and context < 0:
             raise ConfigError(f"context must be >= 0 neighbours, got {context}")
-        records = select_series(self.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
-        if not records:
-            raise ConfigError(f"no series of {self.path} match the filters: check them with `medload ls {self.path}`")
+        records = require_series(self.series(), str(self.path), modality=modality, kernel=kernel, thickness=thickness,
+                                 keys=keys, orientation=orientation)
         if depth is not None:
             records = thick_enough(records, depth)
         plane = None if plane is None else windows.get(plane).name
