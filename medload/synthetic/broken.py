@@ -188,11 +188,14 @@ def random_flips(data: bytes, rng: np.random.Generator, count: int) -> bytes:
     return out
 
 
-def deflate_bomb(template: Dataset, key: str, inflated: int) -> bytes:
+def deflate_bomb(template: Dataset, key: str, inflated: int, *, trailing: bool = False) -> bytes:
     """A Deflated Explicit VR Little Endian file whose dataset inflates to ``inflated`` bytes (< 4 GiB):
-    ``template``'s header, then a native Pixel Data element of zeros. About 1 kB per inflated MB."""
+    ``template``'s header, then a native Pixel Data element of zeros -- or, when ``trailing``, the
+    template's own Pixel Data and then zeros in a Data Set Trailing Padding (FFFC,FFFC) element. About
+    1 kB per inflated MB."""
     ds = _renamed(template, key)
-    del ds.PixelData
+    if not trailing:
+        del ds.PixelData
     ds.file_meta.TransferSyntaxUID = DeflatedExplicitVRLittleEndian
     meta = DicomBytesIO()
     meta.write(bytes(128) + b"DICM")
@@ -202,7 +205,8 @@ def deflate_bomb(template: Dataset, key: str, inflated: int) -> bytes:
     write_dataset(dataset, ds)
     chunk = 1 << 20
     zeros = (inflated - dataset.tell() - 12) // chunk
-    element = struct.pack("<HH2sHI", 0x7FE0, 0x0010, b"OW", 0, zeros * chunk)
+    tag = (0xFFFC, 0xFFFC) if trailing else (0x7FE0, 0x0010)
+    element = struct.pack("<HH2sHI", *tag, b"OB" if trailing else b"OW", 0, zeros * chunk)
     deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
     stream = deflate.compress(dataset.getvalue() + element) + deflate.flush(zlib.Z_FULL_FLUSH)
     block = deflate.compress(bytes(chunk)) + deflate.flush(zlib.Z_FULL_FLUSH)  # the same for every chunk

@@ -168,6 +168,8 @@ def _file_damage(w: _Writer) -> None:
     for n, (tag, vr, new_vr, value) in enumerate(broken.WRONG_VRS):
         w.bad(f"damaged/wrong_vr/vr{n}.dcm", broken.wrong_vr(w.unique(ds), tag, vr, new_vr, value), "wrong VR")
     w.bad("damaged/deflate_bomb.dcm", broken.deflate_bomb(ds, "deflate-bomb", 4 * 10**9), "deflate bomb")
+    w.bad("damaged/deflate_bomb_trailing.dcm", broken.deflate_bomb(ds, "deflate-bomb-trailing", 2 * 10**9,
+                                                                    trailing=True), "deflate bomb")
     for n in range(20):
         path = w.corpus.source / "damaged" / "fuzzed" / f"fuzz{n:02d}.dcm"
         path.parent.mkdir(parents=True, exist_ok=True)
