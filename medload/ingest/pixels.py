@@ -4,8 +4,8 @@ Steps, per plane, following DICOM PS3.3 C.7.6.3 (Image Pixel) and C.11.1 (Modali
 
 1. Stored values. Native syntaxes are read straight from the file (from its inflated dataset for
    the deflated syntax, :mod:`medload.ingest.deflated`) at the offset the header pass recorded (byte
-   order normalised; big endian swapped). Compressed syntaxes (RLE, JPEG lossless, JPEG-LS, JPEG 2000)
-   decode through pydicom's pylibjpeg plugins.
+   order normalised; big endian swapped). Compressed syntaxes (RLE, JPEG, JPEG-LS, JPEG 2000) decode
+   through pydicom's plugins, each frame checked complete first (:mod:`medload.ingest.codestreams`).
 2. Bits: values are shifted down to HighBit (0028,0102), masked to BitsStored (0028,0101) and, when
    PixelRepresentation (0028,0103) is 1, sign-extended from bit BitsStored-1.
 3. PixelPaddingValue (0028,0120) [.. PixelPaddingRangeLimit (0028,0121)] marks pixels outside the
@@ -26,10 +26,10 @@ import io
 
 import numpy as np
 import pydicom
-from pydicom.pixels import pixel_array
 from pydicom.uid import DeflatedExplicitVRLittleEndian, ExplicitVRBigEndian
 
 from medload.errors import InputProblem
+from medload.ingest.codestreams import decode_frame
 from medload.ingest.deflated import inflate_pixels
 from medload.ingest.headers import SliceHeader
 from medload.ingest.modality_lut import apply_modality_lut, lut_range
@@ -102,12 +102,13 @@ class LoadedFile:
 
 
 def _compressed(file: LoadedFile, h: SliceHeader) -> np.ndarray:
-    ds = file.dataset
-    try:
-        arr = pixel_array(ds, index=h.frame) if h.frame is not None else ds.pixel_array
-    except Exception as exc:  # decoder plugins raise their own types
-        raise InputProblem("decode", f"cannot decode {pydicom.uid.UID(h.transfer_syntax).name} pixel data: "
-                                     f"{type(exc).__name__}: {exc}") from None
+    pixel_data = file.dataset.get("PixelData")
+    if not isinstance(pixel_data, bytes):
+        raise InputProblem("decode", "no Pixel Data (7FE0,0010) to decode")
+    arr = decode_frame(pixel_data, h.frame or 0, h.number_of_frames, h.transfer_syntax, rows=h.rows, columns=h.cols,
+                       samples_per_pixel=h.samples_per_pixel, bits_allocated=h.bits_allocated,
+                       bits_stored=h.bits_stored, pixel_representation=h.pixel_representation,
+                       photometric_interpretation=h.photometric)
     if arr.shape != (h.rows, h.cols):
         raise InputProblem("decode", f"decoded frame has shape {arr.shape}, header says {h.rows} x {h.cols}")
     return _bits(arr, h, shift=False)

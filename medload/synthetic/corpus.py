@@ -178,8 +178,9 @@ def _file_damage(w: _Writer) -> None:
 
 
 def _encapsulated_damage(w: _Writer) -> None:
-    """Compressed files whose codestreams declare another size, whose RLE header or fragments lie, and
-    a 16000 x 16000 image whose Rows and Columns agree with its codestream (a decoder-side bomb)."""
+    """Compressed files whose codestreams declare another size, whose RLE header or fragments lie, whose
+    codestreams are cut short (some closed again with their end marker), and a 16000 x 16000 image
+    whose Rows and Columns agree with its codestream (a decoder-side bomb)."""
     j2k, _ = w.template(**_ENCAPSULATED, transfer_syntax=JPEG2000Lossless)
     jls, _ = w.template(**_ENCAPSULATED, transfer_syntax=JPEGLSLossless)
     rle, _ = w.template(**_ENCAPSULATED, transfer_syntax=RLELossless)
@@ -188,6 +189,10 @@ def _encapsulated_damage(w: _Writer) -> None:
     w.bad(f"{folder}/j2k_33x32.dcm", broken.codestream_size(w.unique(j2k), 33, 32), "codestream size")
     w.bad(f"{folder}/jpegls_60000.dcm", broken.codestream_size(w.unique(jls), 32, 60000), "codestream size")
     w.bad(f"{folder}/rle_segments.dcm", broken.rle_segments(w.unique(rle), 5), "RLE header")
+    for name, template, fraction, end in (("jpegls", jls, 0.9, b"\xff\xd9"), ("jpegls", jls, 0.75, b""),
+                                          ("j2k", j2k, 0.9, b"\xff\xd9"), ("rle", rle, 0.95, b"")):
+        w.bad(f"{folder}/{name}_cut{int(fraction * 100)}{'_end' if end else ''}.dcm",
+              broken.cut_codestream(w.unique(template), fraction, end), "codestream cut short")
     for name, template in (("rle", rle), ("j2k", j2k)):
         w.bad(f"{folder}/{name}_fragment_overrun.dcm", broken.fragment_overrun(w.unique(template), 4096),
               "fragment past the end")
