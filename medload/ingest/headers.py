@@ -31,6 +31,7 @@ from pydicom.uid import (
 from medload.config import IngestConfig
 from medload.errors import InputProblem
 from medload.ingest import tags
+from medload.ingest.deflated import read_deflated
 from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import SourceRef, open_source, read_source
 from medload.ingest.encapsulated import check_encapsulated
@@ -52,7 +53,8 @@ VOLUME_SOP_CLASSES = {
     "1.2.840.10008.5.1.4.1.1.128.1": "Legacy Converted Enhanced PET Image Storage",
     "1.2.840.10008.5.1.4.1.1.130": "Enhanced PET Image Storage",
 }
-NATIVE_SYNTAXES = {ExplicitVRLittleEndian, ImplicitVRLittleEndian, ExplicitVRBigEndian}
+#: Syntaxes whose pixel values are read straight from the (inflated) dataset, at ``pixel_offset``
+NATIVE_SYNTAXES = {ExplicitVRLittleEndian, ImplicitVRLittleEndian, ExplicitVRBigEndian, DeflatedExplicitVRLittleEndian}
 _PIXEL_DATA_TAG = (0x7FE0, 0x0010)
 _LONG_LENGTH_VRS = {b"OB", b"OW", b"OF", b"OD", b"OL", b"OV", b"SQ", b"UN", b"UC", b"UR", b"UT"}
 
@@ -115,8 +117,14 @@ def read_headers(ref: SourceRef, pseudo: Pseudonymizer, cfg: IngestConfig) -> li
     """Parse one file's header: one SliceHeader per image plane, or the LabelInput of a SEG/RTSTRUCT.
     Raises :class:`InputProblem`."""
     with _open(ref) as fp:
-        ds = _parse(fp)
-        pixel_pos = fp.tell()
+        deflated = read_deflated(fp, ref.display)
+        if deflated is None:
+            ds, body, size = _parse(fp), fp, ref.size
+            pixel_pos = fp.tell()
+        else:  # positions are in the inflated dataset (medload.ingest.deflated)
+            ds, data, pixel_pos = deflated
+            _check_complete(ds)
+            body, size = io.BytesIO(data), len(data)
         sop_class = str(ds.get("SOPClassUID", "") or getattr(ds.file_meta, "MediaStorageSOPClassUID", "") or "")
         if not sop_class:
             raise InputProblem("header", "no SOPClassUID (0008,0016): not a DICOM image")
@@ -126,17 +134,13 @@ def read_headers(ref: SourceRef, pseudo: Pseudonymizer, cfg: IngestConfig) -> li
             raise InputProblem("header", f"{UID(sop_class).name} ({sop_class}) is not a CT/MR/PET volume image",
                                skipped=True)
         syntax = _transfer_syntax(ds)
-        length: int | None
-        if syntax == DeflatedExplicitVRLittleEndian:  # positions in the file mean nothing: pydicom decodes
-            length, value_offset = 0xFFFFFFFF, 0
-        else:
-            length, value_offset = _pixel_element(fp, pixel_pos, syntax)
+        length, value_offset = _pixel_element(body, pixel_pos, syntax)
         if length is None:
             raise InputProblem("header", "no Pixel Data (7FE0,0010) in an image object")
         base = _base_fields(ds, ref, pseudo, sop_class, syntax)
         frames = tags.integer(ds, "NumberOfFrames", default=1)
-        _check_sizes(base, frames, length, value_offset, ref.size, syntax, cfg)
-        if syntax not in NATIVE_SYNTAXES and syntax != DeflatedExplicitVRLittleEndian:
+        _check_sizes(base, frames, length, value_offset, size, syntax, cfg)
+        if syntax not in NATIVE_SYNTAXES:
             end = ref.size if length == 0xFFFFFFFF else value_offset + length
             check_encapsulated(fp, value_offset, end, ref.size, syntax, base["rows"], base["cols"],
                                base["samples_per_pixel"], base["bits_allocated"] // 8, frames)
@@ -266,8 +270,6 @@ def _check_sizes(base: dict, frames: int, length: int, value_offset: int, file_s
     if base["samples_per_pixel"] != 1 or base["photometric"] not in ("MONOCHROME1", "MONOCHROME2"):
         raise InputProblem("header", f"colour image ({base['photometric']}, {base['samples_per_pixel']} samples) "
                                      "is not a CT/MR/PET volume", skipped=True)
-    if syntax == DeflatedExplicitVRLittleEndian:
-        return  # pydicom inflates the whole dataset (within the worker memory cap); no offsets to check
     if length != 0xFFFFFFFF and value_offset + length > file_size:
         raise InputProblem("header", f"Pixel Data (7FE0,0010) declares {length} bytes from offset {value_offset} "
                                      f"but the file has {file_size} bytes: truncated file or damaged length")

@@ -2,9 +2,10 @@
 
 Steps, per plane, following DICOM PS3.3 C.7.6.3 (Image Pixel) and C.11.1 (Modality LUT):
 
-1. Stored values. Native syntaxes are read straight from the file at the offset the header pass
-   recorded (byte order normalised; big endian swapped). Compressed syntaxes (RLE, JPEG lossless,
-   JPEG-LS, JPEG 2000) decode through pydicom's pylibjpeg plugins.
+1. Stored values. Native syntaxes are read straight from the file (from its inflated dataset for
+   the deflated syntax, :mod:`medload.ingest.deflated`) at the offset the header pass recorded (byte
+   order normalised; big endian swapped). Compressed syntaxes (RLE, JPEG, JPEG-LS, JPEG 2000) decode
+   through pydicom's plugins, each frame checked complete first (:mod:`medload.ingest.codestreams`).
 2. Bits: values are shifted down to HighBit (0028,0102), masked to BitsStored (0028,0101) and, when
    PixelRepresentation (0028,0103) is 1, sign-extended from bit BitsStored-1.
 3. PixelPaddingValue (0028,0120) [.. PixelPaddingRangeLimit (0028,0121)] marks pixels outside the
@@ -25,10 +26,11 @@ import io
 
 import numpy as np
 import pydicom
-from pydicom.pixels import pixel_array
-from pydicom.uid import ExplicitVRBigEndian
+from pydicom.uid import DeflatedExplicitVRLittleEndian, ExplicitVRBigEndian
 
 from medload.errors import InputProblem
+from medload.ingest.codestreams import decode_frame
+from medload.ingest.deflated import inflate_pixels
 from medload.ingest.headers import SliceHeader
 from medload.ingest.modality_lut import apply_modality_lut, lut_range
 
@@ -78,6 +80,16 @@ class LoadedFile:
     def __init__(self, data: bytes) -> None:
         self.data = data
         self._dataset: pydicom.Dataset | None = None
+        self._inflated: bytes | None = None
+
+    def native(self, h: SliceHeader) -> memoryview:
+        """The bytes ``h.pixel_offset`` counts in: the file's, or its inflated dataset's for the deflated
+        syntax (inflated no further than its last plane, see :mod:`medload.ingest.deflated`)."""
+        if h.transfer_syntax != DeflatedExplicitVRLittleEndian:
+            return memoryview(self.data)
+        if self._inflated is None:
+            self._inflated = inflate_pixels(self.data, (h.pixel_offset or 0) + h.number_of_frames * h.frame_bytes)
+        return memoryview(self._inflated)
 
     @property
     def dataset(self) -> pydicom.Dataset:
@@ -90,12 +102,13 @@ class LoadedFile:
 
 
 def _compressed(file: LoadedFile, h: SliceHeader) -> np.ndarray:
-    ds = file.dataset
-    try:
-        arr = pixel_array(ds, index=h.frame) if h.frame is not None else ds.pixel_array
-    except Exception as exc:  # decoder plugins raise their own types
-        raise InputProblem("decode", f"cannot decode {pydicom.uid.UID(h.transfer_syntax).name} pixel data: "
-                                     f"{type(exc).__name__}: {exc}") from None
+    pixel_data = file.dataset.get("PixelData")
+    if not isinstance(pixel_data, bytes):
+        raise InputProblem("decode", "no Pixel Data (7FE0,0010) to decode")
+    arr = decode_frame(pixel_data, h.frame or 0, h.number_of_frames, h.transfer_syntax, rows=h.rows, columns=h.cols,
+                       samples_per_pixel=h.samples_per_pixel, bits_allocated=h.bits_allocated,
+                       bits_stored=h.bits_stored, pixel_representation=h.pixel_representation,
+                       photometric_interpretation=h.photometric)
     if arr.shape != (h.rows, h.cols):
         raise InputProblem("decode", f"decoded frame has shape {arr.shape}, header says {h.rows} x {h.cols}")
     return _bits(arr, h, shift=False)
@@ -143,7 +156,7 @@ def decode_plane(file: LoadedFile, h: SliceHeader, modality: str, dtype: str) ->
     ``float32``) and how many pixels were padding. Raises :class:`InputProblem` (stage ``decode``).
     """
     pixel_offset = h.pixel_offset  # set for native syntaxes only (see medload.ingest.headers)
-    stored = _native(memoryview(file.data), h, pixel_offset) if pixel_offset is not None else _compressed(file, h)
+    stored = _native(file.native(h), h, pixel_offset) if pixel_offset is not None else _compressed(file, h)
     padding = None
     if h.padding_value is not None:
         pad, limit = (_stored_scalar(v, h) for v in (h.padding_value, h.padding_limit or h.padding_value))

@@ -3,7 +3,7 @@ buggy exporters and hostile senders produce.
 
 Every function takes the bytes of a valid single-frame file (explicit VR little endian, or
 encapsulated for :func:`codestream_size`, :func:`rle_segments`, :func:`fragment_overrun`,
-:func:`bad_item`) and returns broken bytes an ingester must quarantine: the damage is chosen where it
+:func:`bad_item`, :func:`cut_codestream`) and returns broken bytes an ingester must quarantine: the damage is chosen where it
 is certain to be detectable (a flipped bit in a person's name is harmless and is not made here;
 :func:`random_flips` makes such damage on purpose, with no promise). :func:`deflate_bomb` writes a
 Deflated Explicit VR Little Endian file whose dataset inflates to gigabytes.
@@ -19,6 +19,7 @@ import zlib
 import numpy as np
 import pydicom
 from pydicom.dataset import Dataset
+from pydicom.encaps import encapsulate, generate_frames
 from pydicom.filebase import DicomBytesIO
 from pydicom.filewriter import write_dataset, write_file_meta_info
 from pydicom.uid import DeflatedExplicitVRLittleEndian
@@ -27,7 +28,7 @@ from medload.errors import ConfigError
 
 __all__ = ["HEADER_TARGETS", "WRONG_VRS", "with_uids", "element_offset", "truncate", "flip_header", "flip_sign_bits",
            "set_pixel_data_length", "wrong_vr", "codestream_size", "rle_segments", "fragment_overrun", "bad_item",
-           "random_flips", "deflate_bomb"]
+           "random_flips", "cut_codestream", "deflate_bomb"]
 
 _PIXEL_DATA = 0x7FE00010
 _ITEM = b"\xfe\xff\x00\xe0"
@@ -188,11 +189,27 @@ def random_flips(data: bytes, rng: np.random.Generator, count: int) -> bytes:
     return out
 
 
-def deflate_bomb(template: Dataset, key: str, inflated: int) -> bytes:
+def cut_codestream(data: bytes, fraction: float, end: bytes = b"") -> bytes:
+    """A single-frame encapsulated file whose codestream keeps its first ``fraction`` (0 < fraction < 1),
+    then ``end`` (an EOI marker ``b"\\xff\\xd9"``, say): the items stay well formed, only the frame is short."""
+    ds = pydicom.dcmread(io.BytesIO(data))
+    (frame,) = generate_frames(ds.PixelData, number_of_frames=1)
+    if not 0 < fraction < 1:
+        raise ConfigError(f"cut at {fraction} is not inside the codestream")
+    ds.PixelData = encapsulate([frame[: int(len(frame) * fraction)] + end])
+    out = io.BytesIO()
+    ds.save_as(out, enforce_file_format=True)
+    return out.getvalue()
+
+
+def deflate_bomb(template: Dataset, key: str, inflated: int, *, trailing: bool = False) -> bytes:
     """A Deflated Explicit VR Little Endian file whose dataset inflates to ``inflated`` bytes (< 4 GiB):
-    ``template``'s header, then a native Pixel Data element of zeros. About 1 kB per inflated MB."""
+    ``template``'s header, then a native Pixel Data element of zeros -- or, when ``trailing``, the
+    template's own Pixel Data and then zeros in a Data Set Trailing Padding (FFFC,FFFC) element. About
+    1 kB per inflated MB."""
     ds = _renamed(template, key)
-    del ds.PixelData
+    if not trailing:
+        del ds.PixelData
     ds.file_meta.TransferSyntaxUID = DeflatedExplicitVRLittleEndian
     meta = DicomBytesIO()
     meta.write(bytes(128) + b"DICM")
@@ -202,7 +219,8 @@ def deflate_bomb(template: Dataset, key: str, inflated: int) -> bytes:
     write_dataset(dataset, ds)
     chunk = 1 << 20
     zeros = (inflated - dataset.tell() - 12) // chunk
-    element = struct.pack("<HH2sHI", 0x7FE0, 0x0010, b"OW", 0, zeros * chunk)
+    tag = (0xFFFC, 0xFFFC) if trailing else (0x7FE0, 0x0010)
+    element = struct.pack("<HH2sHI", *tag, b"OB" if trailing else b"OW", 0, zeros * chunk)
     deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
     stream = deflate.compress(dataset.getvalue() + element) + deflate.flush(zlib.Z_FULL_FLUSH)
     block = deflate.compress(bytes(chunk)) + deflate.flush(zlib.Z_FULL_FLUSH)  # the same for every chunk

@@ -168,6 +168,8 @@ def _file_damage(w: _Writer) -> None:
     for n, (tag, vr, new_vr, value) in enumerate(broken.WRONG_VRS):
         w.bad(f"damaged/wrong_vr/vr{n}.dcm", broken.wrong_vr(w.unique(ds), tag, vr, new_vr, value), "wrong VR")
     w.bad("damaged/deflate_bomb.dcm", broken.deflate_bomb(ds, "deflate-bomb", 4 * 10**9), "deflate bomb")
+    w.bad("damaged/deflate_bomb_trailing.dcm", broken.deflate_bomb(ds, "deflate-bomb-trailing", 2 * 10**9,
+                                                                    trailing=True), "deflate bomb")
     for n in range(20):
         path = w.corpus.source / "damaged" / "fuzzed" / f"fuzz{n:02d}.dcm"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,8 +178,9 @@ def _file_damage(w: _Writer) -> None:
 
 
 def _encapsulated_damage(w: _Writer) -> None:
-    """Compressed files whose codestreams declare another size, whose RLE header or fragments lie, and
-    a 16000 x 16000 image whose Rows and Columns agree with its codestream (a decoder-side bomb)."""
+    """Compressed files whose codestreams declare another size, whose RLE header or fragments lie, whose
+    codestreams are cut short (some closed again with their end marker), and a 16000 x 16000 image
+    whose Rows and Columns agree with its codestream (a decoder-side bomb)."""
     j2k, _ = w.template(**_ENCAPSULATED, transfer_syntax=JPEG2000Lossless)
     jls, _ = w.template(**_ENCAPSULATED, transfer_syntax=JPEGLSLossless)
     rle, _ = w.template(**_ENCAPSULATED, transfer_syntax=RLELossless)
@@ -186,6 +189,10 @@ def _encapsulated_damage(w: _Writer) -> None:
     w.bad(f"{folder}/j2k_33x32.dcm", broken.codestream_size(w.unique(j2k), 33, 32), "codestream size")
     w.bad(f"{folder}/jpegls_60000.dcm", broken.codestream_size(w.unique(jls), 32, 60000), "codestream size")
     w.bad(f"{folder}/rle_segments.dcm", broken.rle_segments(w.unique(rle), 5), "RLE header")
+    for name, template, fraction, end in (("jpegls", jls, 0.9, b"\xff\xd9"), ("jpegls", jls, 0.75, b""),
+                                          ("j2k", j2k, 0.9, b"\xff\xd9"), ("rle", rle, 0.95, b"")):
+        w.bad(f"{folder}/{name}_cut{int(fraction * 100)}{'_end' if end else ''}.dcm",
+              broken.cut_codestream(w.unique(template), fraction, end), "codestream cut short")
     for name, template in (("rle", rle), ("j2k", j2k)):
         w.bad(f"{folder}/{name}_fragment_overrun.dcm", broken.fragment_overrun(w.unique(template), 4096),
               "fragment past the end")
