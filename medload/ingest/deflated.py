@@ -103,6 +103,7 @@ def read_deflated(fp: BinaryIO, name: str) -> tuple[FileDataset, bytes, int] | N
     Pixel Data element in it; None for any other file. Raises InputProblem (stage ``header``)."""
     found = _dataset_start(fp)
     if found is None:
+        fp.seek(0)  # the caller parses the file from its start
         return None
     meta, start = found
     fp.seek(start)
