@@ -121,7 +121,8 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
             if label_inputs:
                 stored = {r.key_bytes: r for r in open_store(writer.root).series()} if writer.manifest.shards else {}
                 assigner = LabelAssigner(label_inputs, candidates, stored, writer, pseudo, roi_map,
-                                         get_codec(writer.manifest.codec), report)
+                                         get_codec(writer.manifest.codec), report, roots=[*labels, *listed],
+                                         min_kept=cfg.label_min_kept)
             engine.write(plans, writer, report, progress, assigner)
             with disk_full_is_error(writer.root, "commit", "writing labels and quarantine records"):
                 if assigner is not None:
