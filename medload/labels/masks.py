@@ -200,18 +200,35 @@ def _resample(labels: np.ndarray, affine: np.ndarray, grid: SeriesGrid) -> np.nd
 
 def _coverage(labels: np.ndarray, affine: np.ndarray, grid: SeriesGrid) -> tuple[int, int]:
     """``(inside, total)``: the mask's foreground voxels, and those whose centres, placed by ``affine``,
-    lie within the grid's extent (continuous indices in ``[-0.5, n - 0.5)`` on every axis); one mask
-    slice at a time, so memory stays at a slice's worth of indices."""
+    lie within the grid's extent (continuous indices in ``[-0.5, n - 0.5)`` on every axis). The grid
+    index is affine in the mask's column x, so on each mask row the inside voxels are one run of
+    columns: its ends come from the bounds, its foreground count from the row's cumulative sum (one mask
+    slice at a time: no per-voxel coordinates)."""
     to_grid = np.linalg.inv(grid.affine_lps) @ affine
-    top = np.asarray(grid.shape[::-1], float)[:, None] - 0.5
+    sizes = grid.shape[::-1]  # along grid column, row, slice
+    height, width = labels.shape[1:]
+    rows = np.arange(height, dtype=np.float64)
     inside = total = 0
     for z, plane in enumerate(labels):
-        y, x = np.nonzero(plane)
-        if not len(x):
+        counts = np.zeros((height, width + 1), np.int64)
+        np.cumsum(plane != 0, axis=1, out=counts[:, 1:])
+        if not counts[:, -1].any():
             continue
-        idx = to_grid[:3, :3] @ np.stack([x, y, np.full_like(x, z)]).astype(np.float64) + to_grid[:3, 3:]
-        inside += int(((idx >= -0.5) & (idx < top)).all(axis=0).sum())
-        total += len(x)
+        total += int(counts[:, -1].sum())
+        lo, hi = np.zeros(height), np.full(height, float(width))  # inside columns: lo <= x < hi
+        for a in range(3):
+            step = to_grid[a, 0]
+            at_0 = to_grid[a, 1] * rows + to_grid[a, 2] * z + to_grid[a, 3]  # grid index a of column 0
+            first, past = (-0.5 - at_0), (sizes[a] - 0.5 - at_0)  # step * x must lie in [first, past)
+            if abs(step) < 1e-12:
+                hi = np.where((first <= 0) & (past > 0), hi, lo)
+            elif step > 0:
+                lo, hi = np.maximum(lo, np.ceil(first / step)), np.minimum(hi, np.ceil(past / step))
+            else:
+                lo, hi = np.maximum(lo, np.floor(past / step) + 1), np.minimum(hi, np.floor(first / step) + 1)
+        lo = np.clip(lo, 0, width).astype(np.int64)
+        hi = np.clip(hi, lo, width).astype(np.int64)
+        inside += int((counts[np.arange(height), hi] - counts[np.arange(height), lo]).sum())
     return inside, total
 
 
