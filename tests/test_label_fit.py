@@ -114,3 +114,6 @@ def test_a_missing_mapped_file_says_where_it_was_looked_for(tmp_path):
     assert f"line 3: label file masks/{hidden}.nii.gz not found" in message
     assert f"looked for {labels}/masks/{hidden}.nii.gz, relative to the mapping file's folder {labels}" in message
     assert uid not in message
+    with pytest.raises(ConfigError, match="line 3: label file"):  # before a store is made
+        ingest(labels, tmp_path / "store", labels=[labels / "map.csv"], config=IngestConfig(workers=1))
+    assert not (tmp_path / "store").exists()

@@ -99,6 +99,12 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     key = load_key(key_file)
     pseudo = Pseudonymizer(key)
     report = IngestReport(store=str(store))
+    label_inputs: list[LabelInput] = []
+    label_files: list[SourceRef] = []
+    for path in labels:  # a bad mapping file stops the run before a store or a cluster is made
+        masks, dicom = label_inputs_from_path(path, pseudo)
+        label_inputs += masks
+        label_files += dicom
     with _engine(scheduler, cfg, key, Path(store)) as engine, _writer(Path(store), cfg, pseudo) as writer:
         forced = set(writer.force(force))
         staging = writer.root / "staging"
@@ -107,11 +113,6 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
         with disk_full_is_error(staging, "spool", "creating the spool folder for archive members"):
             spool = Path(tempfile.mkdtemp(prefix="spool-", dir=staging))
         try:
-            label_inputs, label_files = [], []
-            for path in labels:
-                masks, dicom = label_inputs_from_path(path, pseudo)
-                label_inputs += masks
-                label_files += dicom
             refs = _discover(sources, spool, report) + label_files
             headers = engine.headers(refs, report, progress, label_inputs)
             candidates = group_series(headers, time_series=cfg.time_series,
