@@ -113,6 +113,11 @@ class IngestConfig:
         time_series: stacks at the same positions over time (fMRI, perfusion, 4-D CT): ``"split"`` into
             one volume per time point (flags ``t_01``..., linked by ``time_series`` in their records), or
             ``"reject"`` the series ("time series of N points"); see :mod:`medload.ingest.splits`.
+        label_min_kept: a label (mask, SEG or RTSTRUCT) with less than this fraction of its foreground
+            inside its series' grid (placed by physical position) is rejected as the label of another
+            series or patient, with the figure; one kept above it but not whole is stored, its fraction
+            recorded (``kept`` of its label record) and shown by ``ls``, ``info``, the catalog and
+            ``verify``. 0 keeps any label that overlaps at all; 1 rejects every cut label.
         strict: a run that rejected anything exits non-zero.
 
     Examples:
@@ -137,6 +142,7 @@ class IngestConfig:
     decode_timeout: float = 60.0
     plausibility: str = "reject"
     time_series: str = "split"
+    label_min_kept: float = 0.5
     strict: bool = False
 
     def __post_init__(self) -> None:
@@ -151,6 +157,8 @@ class IngestConfig:
             raise ConfigError(f"plausibility {self.plausibility!r}: use 'reject', 'flag' or 'off'")
         if self.time_series not in ("split", "reject"):
             raise ConfigError(f"time series policy {self.time_series!r}: use 'split' or 'reject'")
+        if not 0 <= self.label_min_kept <= 1:
+            raise ConfigError(f"label_min_kept must be a fraction from 0 to 1 (0.5: half), got {self.label_min_kept}")
         if self.worker_memory < 0 or self.decode_timeout < 0:
             raise ConfigError("worker memory and decode timeout must be >= 0 (0: no limit)")
 

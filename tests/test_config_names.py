@@ -35,6 +35,7 @@ worker_memory = "2GB"
 decode_timeout = 5
 plausibility = "flag"
 time_series = "reject"
+label_min_kept = 0.25
 strict = true
 
 [cache]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import shutil
 
 import highdicom as hd
 import nibabel as nib
@@ -152,6 +151,20 @@ def test_finer_mask_resampled_by_nearest_neighbour(tmp_path, oblique_grid):
     affine[:3, 3] = a[:3, 3] - (a[:3, 0] + a[:3, 1]) / 4
     label = mask_to_grid(write_mask(tmp_path / "fine.nrrd", fine, affine), oblique_grid)
     assert np.array_equal(label.data, data) and "voxel centres differ" in label.notes[0]
+
+
+def test_mask_partly_outside_the_grid_is_cut_and_counted(tmp_path, oblique_grid):
+    """Mask voxels whose centres lie beyond the grid are cut off; ``coverage`` counts them by physical
+    position (two slices of four here), whatever nearest-neighbour resampling samples."""
+    data, a = labels(), oblique_grid.affine_lps
+    moved = a.copy()
+    moved[:3, 3] = oblique_grid.to_world(np.array([[0.0, 0.0, 3.0]]))[0]  # mask slices 1-4 at grid slices 4-7
+    label = mask_to_grid(write_mask(tmp_path / "m.nrrd", data, moved), oblique_grid, source="cut.nrrd")
+    inside, total = int(np.count_nonzero(data[1:3])), int(np.count_nonzero(data))  # mask slices 1, 2: grid 4, 5
+    assert label.coverage == (inside, total) and label.kept < 1
+    assert np.array_equal(label.data[4:], data[1:3]) and not label.data[:4].any()
+    assert any(f"{inside} of the mask's {total} foreground voxels" in n for n in label.notes)
+    assert mask_to_grid(write_mask(tmp_path / "on.nrrd", data, a), oblique_grid).coverage == (total, total)
 
 
 def test_masks_off_the_grid_are_problems(tmp_path, oblique_grid):
@@ -310,9 +323,21 @@ def test_not_a_seg_is_a_problem(ct):
         seg_to_grid(sources[0], grid)
 
 
-def test_real_seg_on_a_copy_with_one_frame_outside_is_a_problem(tmp_path, ge_grid):
-    shutil.copy(GE / "liver.dcm", tmp_path / "liver.dcm")
-    ds = pydicom.dcmread(tmp_path / "liver.dcm")
+def test_real_seg_frame_beyond_the_series_is_cut_off_and_counted(tmp_path, ge_grid):
+    """A frame 12 slices below the series lies outside its grid: its foreground is cut off and counted (the
+    ingest decides by the fraction kept), not placed; one between two slices cannot be placed at all."""
+    ds = pydicom.dcmread(GE / "liver.dcm")
+    whole = seg_to_grid(ds, ge_grid)
+    assert whole.coverage == (sum(LIVER_VOXELS),) * 2 and whole.kept == 1.0
+    first = int(np.count_nonzero(ds.pixel_array[0]))
     set_ipp(ds, 0, (-235.2, -226.8, -140.69))  # 12 slices below the series
-    with pytest.raises(LabelProblem, match=r"SEG frame 1 \(segment 1, position \[-235.2, -226.8, -140.69\]"):
+    cut = seg_to_grid(ds, ge_grid)
+    assert cut.coverage == (sum(LIVER_VOXELS) - first, sum(LIVER_VOXELS)) and 0.6 < cut.kept < 0.7
+    assert int(np.count_nonzero(cut.data)) == sum(LIVER_VOXELS) - first
+    assert any("1 frames with foreground lie beyond" in n for n in cut.notes)
+    assert any(f"{sum(LIVER_VOXELS) - first} of the SEG's {sum(LIVER_VOXELS)} foreground frame pixels" in n
+               for n in cut.notes)
+    between = ge_grid.to_world(np.array([[0.0, 0.0, 0.5]]))[0]
+    set_ipp(ds, 0, between)
+    with pytest.raises(LabelProblem, match=r"SEG frame 1 \(segment 1, position .*not on one of the 3 slices"):
         seg_to_grid(ds, ge_grid)

@@ -89,3 +89,29 @@ def test_sheared_affine_is_placed_not_refused(tmp_path, grid):
     expected[z[keep], y[keep], x[keep] + y[keep]] = data[z[keep], y[keep], x[keep]]
     assert label.resampled and np.array_equal(label.data, expected)
     assert "share voxel centres" in label.notes[0]
+
+
+def test_coverage_counts_the_voxel_centres_inside_the_grid_whatever_the_affine():
+    """The row-run count of foreground inside the grid equals placing every voxel centre one by one, for
+    random affines (sheared, flipped, permuted, whole-voxel shifts whose centres land on the grid's edges)."""
+    from medload.labels.masks import _coverage
+
+    rng = np.random.default_rng(7)
+    for case in range(60):
+        affine = np.eye(4)
+        affine[:3, :3] = np.linalg.qr(rng.normal(size=(3, 3)))[0] * rng.uniform(0.5, 3, 3)
+        grid = SeriesGrid(tuple(int(n) for n in rng.integers(3, 12, 3)), affine)
+        labels = (rng.random(tuple(int(n) for n in rng.integers(2, 12, 3))) < 0.4).astype(np.uint8)
+        mask = np.eye(4)
+        if case % 2:
+            mask[:3, :3] = rng.normal(size=(3, 3)) * 2
+            mask[:3, 3] = rng.normal(size=3) * 5
+        else:
+            perm = np.eye(3)[rng.permutation(3)] * rng.choice([-1, 1], 3)
+            mask[:3, :3] = affine[:3, :3] @ perm
+            mask[:3, 3] = affine[:3, :3] @ rng.integers(-4, 8, 3) + affine[:3, 3]
+        z, y, x = np.nonzero(labels)
+        idx = (np.linalg.inv(affine) @ mask @ np.stack([x, y, z, np.ones_like(x)]))[:3]
+        top = np.asarray(grid.shape[::-1])[:, None] - 0.5
+        expected = (int(((idx >= -0.5) & (idx < top)).all(axis=0).sum()), len(x))
+        assert _coverage(labels, mask, grid) == expected, case

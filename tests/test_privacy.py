@@ -21,6 +21,7 @@ from pathlib import Path
 import pydicom
 import pytest
 from conftest import PHILIPS
+from misfit_labels import make_misfits
 
 from medload.config import IngestConfig
 from medload.ingest import deid
@@ -160,6 +161,44 @@ def test_canary_identifiers_never_reach_store_records_rejects_or_logs(tmp_path, 
     secrets = {v for v in canaries.values()} | {v.upper() for v in canaries.values()} | uids
     assert _leaks(secrets, store.path, texts) == []
     _check_modes(store.path)
+
+
+def test_masks_named_by_their_uids_leave_no_uid_in_the_store_or_the_output(tmp_path, cli_env) -> None:
+    """Masks named ``<SeriesInstanceUID>.nii.gz`` (as docs/ingest.md suggests) in a folder named after a
+    StudyInstanceUID: one fits its series, one is another patient's (rejected), one is cut, one matches no
+    series. No UID of the sources or of a mask's name is in any byte of the store (data.mdb included) or in
+    what the commands print, also with -v; the records name each mask by its pseudonymised relative path."""
+    fit = make_misfits(tmp_path)
+    uids = set().union(*_raw_values(_dicom_files(fit.src), UIDS).values())
+    stray = "1.2.826.0.1.3680043.8.498.99887766554433"
+    folder = tmp_path / "labels" / fit.series[4].study_uid
+    fit.write_mask(4, folder / f"{fit.series[4].series_uid}.nii.gz")
+    fit.write_mask(4, folder / f"{fit.series[5].series_uid}.nii.gz")  # patient 4's mask under patient 5's UID
+    fit.write_mask(6, folder / f"{fit.series[6].series_uid}.nii.gz")
+    fit.write_mask(6, folder / f"{stray}.nii.gz")
+    assert len(uids) > 30 and {g.series_uid for g in fit.series.values()} <= uids
+
+    out, stores = {}, {"quiet": tmp_path / "store", "verbose": tmp_path / "store-v"}
+    for name, store in stores.items():
+        verbose = ("-v",) if name == "verbose" else ()
+        out[f"ingest {name}"] = _cli(*verbose, "ingest", fit.src, store, "--labels", tmp_path / "labels", "--workers",
+                                     "1", "--no-progress", env=cli_env)
+        for command in (("ls",), ("ls", "--json"), ("info",), ("rejects", "--all"), ("verify",)):
+            out[f"{' '.join(command)} {name}"] = _cli(*verbose, command[0], store, *command[1:], env=cli_env)
+    for store in stores.values():
+        assert _leaks(uids | {stray}, store, out) == []
+    assert "label rejected" in out["ingest quiet"] and "cut: 80%" in out["ingest quiet"]
+
+    st = open_store(stores["quiet"])
+    pseudo = deid.Pseudonymizer(deid.load_key(cli_env["MEDLOAD_KEY_FILE"]))
+    study = f"uid-{pseudo.uid('series', fit.series[4].study_uid)}"
+    sources = sorted(st.labels(r.key_bytes).source for r in st.series() if st.labels(r.key_bytes))
+    assert sources == sorted(f"{study}/uid-{pseudo.uid('series', fit.series[p].series_uid)}.nii.gz" for p in (4, 6))
+    assert {r.source for r in st.rejects()} == {f"{study}/uid-{pseudo.uid('series', uid)}.nii.gz"
+                                                for uid in (fit.series[5].series_uid, stray)}
+    for rec in st.series():  # a mask named after its series shows the record's series pseudonym
+        label = st.labels(rec.key_bytes)
+        assert label is None or rec.series in label.source
 
 
 #: SeriesRecord fields that are not DICOM attributes at all (layout, checks, provenance, our policies).

@@ -16,6 +16,7 @@ from pydicom.uid import RTStructureSetStorage
 from medload.errors import ConfigError
 from medload.labels.grid import RAS_TO_LPS, LabelProblem, SeriesGrid
 from medload.labels.rtstruct import fill_polygons, rtstruct_to_grid
+from medload.storage.records import kept_fraction
 from medload.synthetic import SeriesSpec, make_series
 from medload.synthetic.dataset import new_dataset
 from medload.synthetic.rtstruct import make_rtstruct
@@ -123,6 +124,22 @@ def test_off_grid_contours_are_noted(axial, tmp_path):
     assert "'Liver'" in note and "3 of 4 contours" in note and "between slices" in note and "outside slices" in note
     for z in (2.5, 6, -1):
         assert f"z={z0 + z * step:.2f} mm" in note
+
+
+def test_contours_outside_the_grid_are_counted_as_cut(axial, tmp_path):
+    """Foreground beyond the last slice, or past a slice's edge, is outside the grid: counted in ``coverage``
+    (voxel centres inside the contours wherever they lie) against what lands; a contour between two slices
+    is only noted (it lies within the grid)."""
+    gen, grid = axial
+    past_edge = SQUARE + [32.0, 0.0]  # columns 37..44: 3 of its 8 columns on the slice (W = 40)
+    ds = _roundtrip(gen, {"Liver": [(1, [SQUARE]), (2, [past_edge]), (6, [SQUARE]), (2.5, [HOLE])]},
+                    tmp_path / "rs.dcm")
+    vol = rtstruct_to_grid(ds, grid)
+    assert vol.coverage == (56 + 21, 3 * 56) and vol.kept == kept_fraction(77, 168)
+    assert int(np.count_nonzero(vol.data)) == 77
+    assert any("77 of the RTSTRUCT's 168 foreground voxels" in n and "(45.8%)" in n for n in vol.notes)
+    inside = rtstruct_to_grid(_roundtrip(gen, {"Liver": [(1, [SQUARE])]}, tmp_path / "in.dcm"), grid)
+    assert inside.coverage == (56, 56) and inside.kept == 1.0 and not any("cut off" in n for n in inside.notes)
 
 
 def test_all_contours_off_grid_raise(axial, tmp_path):

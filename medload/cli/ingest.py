@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from medload.cli.app import cli, console, renamed, short, size
 from medload.cli.options import ca_bundle_option, credentials_option, ingest_key_options
 from medload.config import MedloadConfig, with_overrides
 from medload.storage.codec import CODECS, DEFAULT_CODEC
+from medload.storage.records import percent
 
 if TYPE_CHECKING:
     from medload.ingest.deid import KeyFile
@@ -61,6 +63,9 @@ class _Source(click.Path):
               help="Label masks (NIfTI/NRRD named after the SeriesInstanceUID or a key prefix), SEG/RTSTRUCT files, "
                    "or a mapping file (CSV/JSON with series,label). Repeatable. SEG/RTSTRUCT among SOURCES pair "
                    "with their series by themselves.")
+@click.option("--label-min-kept", type=click.FloatRange(0, 1), default=None,
+              help="Reject a label with less than this fraction of its foreground inside its series (default 0.5: "
+                   "the label of another series or patient); one kept above it but not whole is stored and flagged.")
 @click.option("--roi-map", type=click.Path(exists=True, path_type=Path), default=None,
               help='JSON {"class": ["ROI name", ...]} giving RTSTRUCT ROIs consistent class ids.')
 @click.option("--force", "force_keys", multiple=True, metavar="KEY",
@@ -86,7 +91,7 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
            windows: str | None, codec: str | None, tilt_policy: str | None, shard_bytes: str | None,
            worker_memory: str | None, decode_timeout: float | None, plausibility: str | None,
            time_series: str | None, key_file: KeyFile, strict: bool | None, label_paths: tuple[Path, ...],
-           roi_map: Path | None,
+           label_min_kept: float | None, roi_map: Path | None,
            force_keys: tuple[str, ...], no_progress: bool, scheduler: str | None, query: str | None,
            credentials: Path | None, ca_bundle: Path | None, connections: int | None,
            spool_instances: int | None, calling_aet: str | None) -> None:
@@ -100,7 +105,7 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
                          windows=windows,  # "lung,soft_tissue": IngestConfig splits it
                          shard_bytes=size(shard_bytes), worker_memory=size(worker_memory),
                          decode_timeout=decode_timeout, plausibility=plausibility, time_series=time_series,
-                         strict=strict or None)
+                         label_min_kept=label_min_kept, strict=strict or None)
     remote = {"query": query, "credentials": credentials, "ca_bundle": ca_bundle, "connections": connections,
               "spool_instances": spool_instances, "calling_aet": calling_aet}
     if any(isinstance(s, str) for s in sources):
@@ -203,10 +208,12 @@ def _print_ingest_summary(report) -> None:
         reasons = Counter(r.reason for r in files if r.status == status)
         for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
             example = next(r.source for r in files if r.status == status and r.reason == reason)
-            console.print(f"  {status} {n} file(s): {reason}  [e.g. {example}]")
+            console.print(escape(f"  {status} {n} file(s): {reason}  [e.g. {example}]"))  # the brackets are text
     for outcome in report.labels:
         where = f"series {short(outcome.key)}" if outcome.key else "no series"
         detail = ", ".join(outcome.classes) if outcome.classes else (outcome.reason or "")
+        if outcome.kept is not None and outcome.kept < 1:
+            detail += f" (cut: {percent(outcome.kept)} of its foreground lies inside the series, the rest outside it)"
         console.print(f"  label {outcome.status}: {outcome.source} ({outcome.kind}) -> {where}: {detail}")
     c = report.counts
     console.print(

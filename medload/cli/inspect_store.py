@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from medload.cli.app import Suffix, cli, console, short
+from medload.storage.records import LabelRecord, percent
 
 
 @cli.command()
@@ -26,12 +27,14 @@ def info(store: Path) -> None:
     console.print(f"[bold]{store}[/bold]: format v{m.version}, codec {m.codec}, windows {', '.join(m.windows) or 'none'}, "
                f"{len(m.shards)} shard(s), {sum(s.bytes for s in m.shards) / 1e6:.1f} MB, created by {m.created_by}")
     table = Table()
-    columns = ("series", "modality", "shape (D,H,W)", "spacing mm (x,y,z)", "dtype", "manufacturer", "kernel", "flags")
+    columns = ("series", "modality", "shape (D,H,W)", "spacing mm (x,y,z)", "dtype", "manufacturer", "kernel", "flags",
+               "label")
     for col in columns + (("unavailable",) if down else ()):
         table.add_column(col)
     for r in records:
         table.add_row(short(r.key), r.modality, "x".join(map(str, r.shape)), ", ".join(f"{v:.3g}" for v in r.spacing),
-                      r.dtype, r.manufacturer or "", r.kernel or "", ", ".join(r.flags), *(("",) if down else ()))
+                      r.dtype, r.manufacturer or "", r.kernel or "", ", ".join(r.flags), _label(st.labels(r.key_bytes)),
+                      *(("",) if down else ()))
     for u in down:
         for key in u.series or ():
             table.add_row(short(key), *[""] * (len(columns) - 1), f"shard {u.shard} cannot be read")
@@ -63,13 +66,15 @@ def ls_(store: Path, as_json: bool) -> None:
     records, down = st.series(), st.unavailable()
     lost = [(key, u) for u in down for key in u.series or ()]
     if as_json:
-        click.echo(json.dumps([{**r.to_dict(), "unavailable": None} for r in records]
+        click.echo(json.dumps([{**r.to_dict(), "label_kept": _kept(st.labels(r.key_bytes)), "unavailable": None}
+                               for r in records]
                               + [{"key": key, "shard": u.shard, "unavailable": u.reason} for key, u in lost], indent=1))
         return
     for r in records:
         split = f"  split {r.split}" if r.split else ""
+        cut = _label(st.labels(r.key_bytes), cut_only=True)
         click.echo(f"{r.key}  {r.modality:3s} {'x'.join(map(str, r.shape)):>14s}  {series_orientation(r):8s}  "
-                   f"digest {r.digest}{split}")
+                   f"digest {r.digest}{split}" + (f"  label {cut}" if cut else ""))
     for key, u in lost:
         click.echo(f"{key}  unavailable: shard {u.shard} cannot be read ({u.reason})")
     for u in down:
@@ -78,6 +83,21 @@ def ls_(store: Path, as_json: bool) -> None:
     if down:
         click.echo(f"{len(lost)} series unavailable: `medload verify {store}`, then `medload repair {store} --sources DIR`",
                    err=True)
+
+
+def _kept(label: LabelRecord | None) -> float | None:
+    """The fraction of a label's foreground inside its series; None without a label, or for one stored
+    before medload measured it."""
+    return None if label is None else label.kept
+
+
+def _label(label: LabelRecord | None, cut_only: bool = False) -> str:
+    """``"mask"``, or ``"mask, cut: 80% kept"`` for a label whose foreground lay partly outside its series."""
+    kept = _kept(label)
+    cut = f"cut: {percent(kept)} kept" if kept is not None and kept < 1 else ""
+    if cut_only or label is None:
+        return cut
+    return f"{label.kind}, {cut}" if cut else label.kind
 
 
 @cli.command()

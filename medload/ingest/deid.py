@@ -31,6 +31,12 @@ Identifier/Index, TriggerTime, AcquisitionNumber,     values; AcquisitionDate/Ti
 AcquisitionDate, AcquisitionTime,                     AcquisitionDateTime and
 AcquisitionDateTime, FrameAcquisitionDateTime         FrameAcquisitionDateTime are read in memory
                                                       only, to order time points, and not kept
+file and folder names of label inputs (``--labels``   path relative to the folder it was found in,
+masks named after a SeriesInstanceUID, SEG/RTSTRUCT   every UID in it (digits and dots, four parts
+files, mapping files' rows)                           or more) replaced by ``uid-`` and its keyed
+                                                      pseudonym as a SeriesInstanceUID (``source``
+                                                      of label and quarantine records, the ingest's
+                                                      output and messages)
 PatientName, PatientBirthDate, PatientSex/Age,        never read, never stored
 AccessionNumber, every other date and time,
 Institution*,
@@ -40,9 +46,10 @@ SeriesDescription/StudyDescription (free text),
 private tags
 ====================================================  =============================================
 
-No date is stored, so no date shifting is needed. Quarantine records keep the *path* of the file
-they name (what a user must act on); paths are not DICOM attributes, but a site whose folder names
-carry patient names should ingest from neutral paths.
+No date is stored, so no date shifting is needed. Quarantine records of images keep the *path* of the
+file they name (what a user must act on); paths are not DICOM attributes, but a site whose folder or
+file names carry patient names or UIDs should ingest from neutral paths. Label inputs are named as the
+table says (see :func:`medload.ingest.labels.label_source_name`).
 """
 
 from __future__ import annotations

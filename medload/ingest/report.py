@@ -35,7 +35,9 @@ class LabelOutcome:
     """One label input: ``ingested`` onto series ``key``, ``present`` (stored before), ``conflict``
     (the series has a different label), ``skipped`` (the series keeps another of its label objects,
     see :mod:`medload.ingest.label_writer`) or ``rejected`` (with the reason); or a stored label
-    ``dropped`` with the copy of its series that a forced ingest replaced."""
+    ``dropped`` with the copy of its series that a forced ingest replaced. ``source`` names the input
+    without raw UIDs (:func:`~medload.ingest.labels.label_source_name`); ``kept``, for an ingested
+    label, is the fraction of its foreground inside the series (below 1.0: the rest was cut off)."""
 
     key: str | None
     source: str
@@ -43,6 +45,7 @@ class LabelOutcome:
     kind: str
     classes: tuple[str, ...] = ()
     reason: str | None = None
+    kept: float | None = None
 
 
 @dataclass

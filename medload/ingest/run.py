@@ -99,6 +99,12 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     key = load_key(key_file, store=store)  # the store is checked before a key is created for it
     pseudo = Pseudonymizer(key)
     report = IngestReport(store=str(store))
+    label_inputs: list[LabelInput] = []
+    label_files: list[SourceRef] = []
+    for path in labels:  # a bad mapping file stops the run before a store or a cluster is made
+        masks, dicom = label_inputs_from_path(path, pseudo)
+        label_inputs += masks
+        label_files += dicom
     with _engine(scheduler, cfg, key, Path(store)) as engine, _writer(Path(store), cfg, pseudo) as writer:
         forced = set(writer.force(force))
         staging = writer.root / "staging"
@@ -107,11 +113,6 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
         with disk_full_is_error(staging, "spool", "creating the spool folder for archive members"):
             spool = Path(tempfile.mkdtemp(prefix="spool-", dir=staging))
         try:
-            label_inputs, label_files = [], []
-            for path in labels:
-                masks, dicom = label_inputs_from_path(path, pseudo)
-                label_inputs += masks
-                label_files += dicom
             refs = _discover(sources, spool, report) + label_files
             headers = engine.headers(refs, report, progress, label_inputs)
             candidates = group_series(headers, time_series=cfg.time_series,
@@ -121,7 +122,8 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
             if label_inputs:
                 stored = {r.key_bytes: r for r in open_store(writer.root).series()} if writer.manifest.shards else {}
                 assigner = LabelAssigner(label_inputs, candidates, stored, writer, pseudo, roi_map,
-                                         get_codec(writer.manifest.codec), report)
+                                         get_codec(writer.manifest.codec), report, roots=[*labels, *listed],
+                                         min_kept=cfg.label_min_kept)
             engine.write(plans, writer, report, progress, assigner)
             with disk_full_is_error(writer.root, "commit", "writing labels and quarantine records"):
                 if assigner is not None:

@@ -14,14 +14,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from medload.errors import InputProblem
-from medload.storage.records import SeriesRecord
+from medload.storage.records import SeriesRecord, kept_fraction, percent
 
 if TYPE_CHECKING:
     import SimpleITK as sitk
 
-__all__ = ["SeriesGrid", "LabelVolume", "LabelProblem", "RAS_TO_LPS"]
+__all__ = ["SeriesGrid", "LabelVolume", "LabelProblem", "RAS_TO_LPS", "cut_note"]
 
 RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0, 1.0])
+
+
+def cut_note(what: str, unit: str, inside: int, total: int) -> str:
+    """The note of a label partly outside its series: how much of its foreground was kept."""
+    return (f"{inside} of the {what}'s {total} foreground {unit} ({percent(kept_fraction(inside, total))}) lie "
+            "inside the series grid; the rest lies outside it and was cut off")
 
 
 class LabelProblem(InputProblem):
@@ -79,7 +85,14 @@ class SeriesGrid:
 class LabelVolume:
     """A label map on a series grid: ``data`` is ``(D, H, W)`` uint8 (or uint16 beyond 255 classes),
     0 is background, ``classes`` names each id. ``notes`` say what was done to place it (resampled,
-    contours outside the grid...)."""
+    contours outside the grid...).
+
+    ``coverage`` is ``(inside, total)``: of the source's foreground, placed by its physical position,
+    how much lands inside the series grid's field of view (voxel centres within the grid's extent) and
+    how much there is -- mask voxels, SEG frame pixels, or voxel centres inside RTSTRUCT contours on
+    the grid's in-plane raster (contours beyond the series' first and last slices count whole). What
+    lies outside is cut off; :attr:`kept` is the fraction kept.
+    """
 
     data: np.ndarray
     classes: dict[int, str]
@@ -87,6 +100,12 @@ class LabelVolume:
     source: str
     resampled: bool = False
     notes: list[str] = field(default_factory=list)
+    coverage: tuple[int, int] = (0, 0)
+
+    @property
+    def kept(self) -> float:
+        """Fraction of the source's foreground that lies inside the series grid (see ``coverage``)."""
+        return kept_fraction(*self.coverage)
 
     def foreground_counts(self) -> np.ndarray:
         """``(D, n_classes)`` voxels of each class (in ``sorted(classes)`` order) on each slice."""

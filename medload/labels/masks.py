@@ -12,7 +12,9 @@ grid (same size, origin and spacing within :data:`GRID_TOLERANCE_MM`, direction 
 or permuted axes, another orientation) is resampled onto the series grid with nearest neighbour
 (``resampled=True``, with a note saying whether the two grids share voxel centres, in which case
 nothing is lost): with SimpleITK where the mask's axes are orthonormal, else by mapping every series
-voxel centre through the mask's affine.
+voxel centre through the mask's affine. Mask voxels whose centres lie outside the series' extent are
+cut off: the result's ``coverage`` counts them, for the ingest to refuse a mask that mostly lies
+elsewhere (another patient's, another series') and to flag one that was cut.
 
 Values are class ids: integer masks, or float masks whose values are whole numbers (0/1). Fractional
 floats (probabilities) are refused rather than silently thresholded.
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from medload.labels.grid import RAS_TO_LPS, LabelProblem, LabelVolume, SeriesGrid
+from medload.labels.grid import RAS_TO_LPS, LabelProblem, LabelVolume, SeriesGrid, cut_note
 
 if TYPE_CHECKING:  # both are imported where a mask is read: an ingest without masks never loads them
     import nibabel as nib
@@ -79,7 +81,7 @@ def nifti_affine(image: nib.Nifti1Image) -> np.ndarray:
     return best
 
 
-def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _read_nifti(path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
     """``(values (z, y, x), affine of voxel (x, y, z) in LPS)`` of a NIfTI, as MONAI's NibabelReader reads it."""
     import nibabel as nib
 
@@ -89,15 +91,16 @@ def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
             raise TypeError(f"it reads as a {type(image).__name__}, not a NIfTI image")
         values = np.asanyarray(image.dataobj)
     except Exception as err:  # nibabel raises many types on damaged files
-        raise LabelProblem(f"cannot read mask {path.name} with nibabel: {type(err).__name__}: {err}") from None
+        raise LabelProblem(f"cannot read mask {name} with nibabel: {type(err).__name__}: "
+                           f"{_named(str(err), path, name)}") from None
     if values.ndim == 4 and values.shape[3] == 1:
         values = values[..., 0]
     if values.ndim != 3:
-        raise _not_3d(path.name, values.ndim, 1)
+        raise _not_3d(name, values.ndim, 1)
     return values.transpose(2, 1, 0), RAS_TO_LPS @ nifti_affine(image)
 
 
-def _read_sitk(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _read_sitk(path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
     """``(values (z, y, x), affine of voxel (x, y, z) in LPS)`` of a NRRD or MetaImage, read with SimpleITK."""
     import SimpleITK as sitk
 
@@ -105,16 +108,21 @@ def _read_sitk(path: Path) -> tuple[np.ndarray, np.ndarray]:
         image = sitk.ReadImage(str(path))
     except RuntimeError as err:
         first = str(err).strip().splitlines()[-1] if str(err).strip() else "unknown error"
-        raise LabelProblem(f"cannot read mask {path.name} with SimpleITK: {first}") from None
+        raise LabelProblem(f"cannot read mask {name} with SimpleITK: {_named(first, path, name)}") from None
     if image.GetDimension() != 3 or image.GetNumberOfComponentsPerPixel() != 1:
-        raise _not_3d(path.name, image.GetDimension(), image.GetNumberOfComponentsPerPixel())
+        raise _not_3d(name, image.GetDimension(), image.GetNumberOfComponentsPerPixel())
     return sitk.GetArrayFromImage(image), image_affine_lps(image)
 
 
-def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _read(path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
-        raise LabelProblem(f"mask {path} does not exist")
-    return _read_nifti(path) if path.name.lower().endswith(_NIFTI) else _read_sitk(path)
+        raise LabelProblem(f"mask {name} does not exist")
+    return _read_nifti(path, name) if path.name.lower().endswith(_NIFTI) else _read_sitk(path, name)
+
+
+def _named(text: str, path: Path, name: str) -> str:
+    """A reader's message with the mask's path (which may hold a UID) replaced by the name it goes by."""
+    return text.replace(str(path), name).replace(path.name, name)
 
 
 def _labels(arr: np.ndarray, name: str) -> np.ndarray:
@@ -190,12 +198,47 @@ def _resample(labels: np.ndarray, affine: np.ndarray, grid: SeriesGrid) -> np.nd
     return out.reshape(d, h, w)
 
 
+def _coverage(labels: np.ndarray, affine: np.ndarray, grid: SeriesGrid) -> tuple[int, int]:
+    """``(inside, total)``: the mask's foreground voxels, and those whose centres, placed by ``affine``,
+    lie within the grid's extent (continuous indices in ``[-0.5, n - 0.5)`` on every axis). The grid
+    index is affine in the mask's column x, so on each mask row the inside voxels are one run of
+    columns: its ends come from the bounds, its foreground count from the row's cumulative sum (one mask
+    slice at a time: no per-voxel coordinates)."""
+    to_grid = np.linalg.inv(grid.affine_lps) @ affine
+    sizes = grid.shape[::-1]  # along grid column, row, slice
+    height, width = labels.shape[1:]
+    rows = np.arange(height, dtype=np.float64)
+    inside = total = 0
+    for z, plane in enumerate(labels):
+        counts = np.zeros((height, width + 1), np.int64)
+        np.cumsum(plane != 0, axis=1, out=counts[:, 1:])
+        if not counts[:, -1].any():
+            continue
+        total += int(counts[:, -1].sum())
+        lo, hi = np.zeros(height), np.full(height, float(width))  # inside columns: lo <= x < hi
+        for a in range(3):
+            step = to_grid[a, 0]
+            at_0 = to_grid[a, 1] * rows + to_grid[a, 2] * z + to_grid[a, 3]  # grid index a of column 0
+            first, past = (-0.5 - at_0), (sizes[a] - 0.5 - at_0)  # step * x must lie in [first, past)
+            if abs(step) < 1e-12:
+                hi = np.where((first <= 0) & (past > 0), hi, lo)
+            elif step > 0:
+                lo, hi = np.maximum(lo, np.ceil(first / step)), np.minimum(hi, np.ceil(past / step))
+            else:
+                lo, hi = np.maximum(lo, np.floor(past / step) + 1), np.minimum(hi, np.floor(first / step) + 1)
+        lo = np.clip(lo, 0, width).astype(np.int64)
+        hi = np.clip(hi, lo, width).astype(np.int64)
+        inside += int((counts[np.arange(height), hi] - counts[np.arange(height), lo]).sum())
+    return inside, total
+
+
 def _counts(arr: np.ndarray) -> dict[int, int]:
     counts = np.bincount(arr.ravel())
     return {int(v): int(counts[v]) for v in np.flatnonzero(counts) if v}
 
 
-def mask_to_grid(path: str | Path, grid: SeriesGrid, *, class_names: dict[int, str] | None = None) -> LabelVolume:
+def mask_to_grid(path: str | Path, grid: SeriesGrid, *, class_names: dict[int, str] | None = None,
+                 source: str | None = None) -> LabelVolume:
     """Place a NIfTI (``.nii``, ``.nii.gz``) or NRRD (``.nrrd``, ``.nhdr``) label mask on ``grid``.
 
     Args:
@@ -203,31 +246,39 @@ def mask_to_grid(path: str | Path, grid: SeriesGrid, *, class_names: dict[int, s
         grid: the series the mask annotates.
         class_names: names of class ids; ids present in the mask but not named become ``class_<id>``
             (with a note). Without it every non-zero value present is ``class_<id>``.
+        source: what to call the mask in messages, notes and the result (default: its file name);
+            the ingest passes a name without raw UIDs.
 
     Returns:
-        ``(D, H, W)`` uint8 label map (uint16 when a class id exceeds 255) on the grid.
+        ``(D, H, W)`` uint8 label map (uint16 when a class id exceeds 255) on the grid; its ``coverage``
+        counts the mask's foreground voxels and those whose centres lie inside the grid (the others
+        are cut off, and noted).
 
     Raises:
         LabelProblem: unreadable file, not a 3-D scalar image, non-integer or negative values, no
             overlap with the series, or labels that all vanish when resampled onto the series.
     """
     path = Path(path)
-    values, affine = _read(path)
-    labels = _labels(values, path.name)
+    name = source or path.name
+    values, affine = _read(path, name)
+    labels = _labels(values, name)
     before = _counts(labels)
     notes: list[str] = []
     resampled = False
     if _same_grid(labels.shape, affine, grid):
         data = np.array(labels, copy=True)
+        total = sum(before.values())
+        coverage = (total, total)
     else:
         lo, hi = _box_in_grid(np.asarray(labels.shape[::-1], float), affine, grid)
         top = np.asarray(grid.shape[::-1], float) - 0.5
         if (hi < -0.5).any() or (lo > top).any():
             raise LabelProblem(
-                f"mask {path.name} does not overlap the series: its extent covers grid indices (column, row, "
+                f"mask {name} does not overlap the series: its extent covers grid indices (column, row, "
                 f"slice) {np.round(lo, 1).tolist()} to {np.round(hi, 1).tolist()}, the series "
                 f"[0, 0, 0] to {(top - 0.5).astype(int).tolist()}; is it the mask of another series?")
         data = _resample(labels, affine, grid)
+        coverage = _coverage(labels, affine, grid)
         resampled = True
         how = ("the grids share voxel centres, nothing interpolated" if _shares_centres(affine, grid)
                else "voxel centres differ, labels interpolated")
@@ -237,12 +288,14 @@ def mask_to_grid(path: str | Path, grid: SeriesGrid, *, class_names: dict[int, s
                      f"{np.round(_directions(affine).ravel(), 4).tolist()}, LPS): {how}")
     after = _counts(data)
     if before and not after:
-        raise LabelProblem(f"mask {path.name}: all {sum(before.values())} labelled voxels fall outside the series "
+        raise LabelProblem(f"mask {name}: all {sum(before.values())} labelled voxels fall outside the series "
                            "grid once placed by their physical position: is it the mask of another series?")
+    if coverage[0] < coverage[1]:
+        notes.append(cut_note("mask", "voxels", *coverage))
     notes += [f"class {v}: {n} voxels in the mask, none on the series grid" for v, n in before.items()
               if v not in after]
     if not before:
-        notes.append(f"mask {path.name} is empty (all zeros)")
+        notes.append(f"mask {name} is empty (all zeros)")
     if class_names is not None:
         classes = {int(v): str(n) for v, n in class_names.items() if int(v) != 0}
         unnamed = sorted(set(before) - set(classes))
@@ -253,4 +306,4 @@ def mask_to_grid(path: str | Path, grid: SeriesGrid, *, class_names: dict[int, s
         classes = {v: f"class_{v}" for v in sorted(before)}
     dtype = np.uint16 if data.max(initial=0) > 255 else np.uint8
     return LabelVolume(data=np.ascontiguousarray(data, dtype=dtype), classes=dict(sorted(classes.items())),
-                       kind="mask", source=path.name, resampled=resampled, notes=notes)
+                       kind="mask", source=name, resampled=resampled, notes=notes, coverage=coverage)

@@ -12,10 +12,16 @@ its right on each row it crosses. Contours therefore combine by XOR, which is ho
 encode holes (a contour inside another) and islands (disjoint contours). A centre exactly on an edge
 (within 1e-6 voxel) is inside on left/top edges and outside on right/bottom edges (the usual top-left
 rule), so two polygons sharing an edge never both claim a voxel.
+
+Contours past the slice edges are clipped, and contours beyond the first or last slice are not placed:
+their foreground lies outside the grid. The result's ``coverage`` counts it -- voxel centres inside the
+contours on the slices' raster extended as far as they reach, against those on the grid -- for the
+ingest to refuse a structure set that mostly lies elsewhere and to flag one that was cut.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -25,7 +31,7 @@ from pydicom.dataelem import RawDataElement
 from pydicom.uid import RTStructureSetStorage
 
 from medload.errors import ConfigError
-from medload.labels.grid import LabelProblem, LabelVolume, SeriesGrid
+from medload.labels.grid import LabelProblem, LabelVolume, SeriesGrid, cut_note
 
 __all__ = ["rtstruct_to_grid", "fill_polygons", "SLICE_TOLERANCE"]
 
@@ -34,6 +40,7 @@ SLICE_TOLERANCE = 0.1
 
 _CONTOUR_DATA = 0x30060050
 _SNAP = 1e-6  # index coordinates are rounded to this before the inside test (deterministic boundaries)
+_MAX_RASTER = 1 << 24  # voxels of the raster on which the foreground of contours past the grid is counted
 
 
 def fill_polygons(polygons: Sequence[np.ndarray], shape: tuple[int, int]) -> np.ndarray:
@@ -113,9 +120,28 @@ def _class_ids(
     return ids, classes
 
 
+def _centres_inside(polys: list[np.ndarray]) -> int:
+    """Voxel centres inside ``polys`` (``(N, 2)`` (column, row) index coordinates of one slice plane) on the
+    slice's raster extended as far as they reach: the foreground the contours have wherever they lie. An
+    extent past :data:`_MAX_RASTER` voxels is sampled every few voxels (the count scaled to match)."""
+    pts = np.concatenate(polys)
+    lo = np.floor(pts.min(axis=0))
+    width, height = np.ceil(pts.max(axis=0)) - lo + 1
+    step = max(1, math.ceil(math.sqrt(width * height / _MAX_RASTER)))
+    shape = (int(height // step) + 1, int(width // step) + 1)
+    return int(fill_polygons([(p - lo) / step for p in polys], shape).sum()) * step * step
+
+
+def _past_edges(polys: list[np.ndarray], h: int, w: int) -> bool:
+    pts = np.concatenate(polys)
+    return bool(pts.min() < -0.5 or pts[:, 0].max() > w - 0.5 or pts[:, 1].max() > h - 0.5)
+
+
 def _place_roi(name: str, contours: Sequence[pydicom.Dataset], grid: SeriesGrid, tol: float,
-               notes: list[str]) -> dict[int, list[np.ndarray]]:
-    """Slice index -> polygons ``(N, 2)`` in (column, row) index coordinates, for one ROI's contours."""
+               notes: list[str]) -> tuple[dict[int, list[np.ndarray]], dict[int, list[np.ndarray]]]:
+    """Slice index -> polygons ``(N, 2)`` in (column, row) index coordinates, for one ROI's contours: those
+    on a grid slice, and those beyond the first or last slice (outside the grid, by the slice index their
+    plane would have)."""
     d, h, w = grid.shape
     closed: list[np.ndarray] = []
     ignored: Counter[str] = Counter()
@@ -140,10 +166,11 @@ def _place_roi(name: str, contours: Sequence[pydicom.Dataset], grid: SeriesGrid,
     notes.extend(f"ROI {name!r}: {c} {kind} contour(s) ignored (only CLOSED_PLANAR is filled)"
                  for kind, c in sorted(ignored.items()))
     if not closed:
-        return {}
+        return {}, {}
     index = grid.to_index(np.concatenate(closed))  # one matrix inverse for all contours of the ROI
     bounds = np.cumsum([len(p) for p in closed])[:-1]
     placed: dict[int, list[np.ndarray]] = {}
+    beyond: dict[int, list[np.ndarray]] = {}
     off, tilted, clipped = [], 0, 0
     for pts, idx in zip(closed, np.split(index, bounds)):
         z = idx[:, 2]
@@ -155,8 +182,11 @@ def _place_roi(name: str, contours: Sequence[pydicom.Dataset], grid: SeriesGrid,
         zc = float(z.mean())
         k = int(np.rint(zc))
         if abs(zc - k) > tol or not 0 <= k < d:
-            where = "between slices" if 0 <= k < d else f"outside slices 0..{d - 1}"
+            outside = not -0.5 <= zc < d - 0.5
+            where = f"outside slices 0..{d - 1}" if outside else "between slices"
             off.append(f"z={pts[:, 2].mean():.2f} mm (slice index {zc:.2f}, {where})")
+            if outside:
+                beyond.setdefault(k, []).append(idx[:, :2])
             continue
         if idx[:, 0].min() < -0.5 or idx[:, 0].max() > w - 0.5 or idx[:, 1].min() < -0.5 or idx[:, 1].max() > h - 0.5:
             clipped += 1
@@ -169,7 +199,7 @@ def _place_roi(name: str, contours: Sequence[pydicom.Dataset], grid: SeriesGrid,
         raise LabelProblem(f"RTSTRUCT ROI {name!r}: none of its {len(closed)} contours lies on the series grid "
                            f"({len(off)} off the grid, {tilted} tilted); check that the structure set belongs to "
                            f"this series (FrameOfReferenceUID) or leave the ROI out with roi_map")
-    return placed
+    return placed, beyond
 
 
 def rtstruct_to_grid(
@@ -226,14 +256,20 @@ def rtstruct_to_grid(
     d, h, w = grid.shape
     data = np.zeros((d, h, w), dtype=np.uint8 if max(classes, default=0) <= 255 else np.uint16)
     overlaps: Counter[tuple[int, int]] = Counter()
+    inside = total = 0  # voxel centres inside the contours: on the grid, and wherever they lie
     # paint in class id order so later ids overwrite earlier ones; ROIs of one class are OR-ed
     for num in sorted(ids, key=lambda n: (ids[n], n)):
         cid, name = ids[num], names[num]
         if not contours.get(num):
             notes.append(f"ROI {name!r} (ROINumber {num}) has no contours")
             continue
-        for k, polys in _place_roi(name, contours[num], grid, slice_tolerance, notes).items():
+        placed, beyond = _place_roi(name, contours[num], grid, slice_tolerance, notes)
+        total += sum(_centres_inside(polys) for polys in beyond.values())
+        for k, polys in placed.items():
             mask = fill_polygons(polys, (h, w))
+            n = int(mask.sum())
+            inside += n
+            total += max(n, _centres_inside(polys)) if _past_edges(polys, h, w) else n
             before = data[k][mask]
             hits = np.bincount(before[before != cid])  # voxels of each other class about to be overwritten
             for other in np.flatnonzero(hits[1:]) + 1:
@@ -241,4 +277,7 @@ def rtstruct_to_grid(
             data[k][mask] = cid
     notes.extend(f"class {new} {classes[new]!r} overwrote {c} voxels of class {old} {classes[old]!r} (higher id wins)"
                  for (new, old), c in sorted(overlaps.items()))
-    return LabelVolume(data=data, classes=classes, kind="rtstruct", source=source, notes=notes)
+    if inside < total:
+        notes.append(cut_note("RTSTRUCT", "voxels (voxel centres inside its contours)", inside, total))
+    return LabelVolume(data=data, classes=classes, kind="rtstruct", source=source, notes=notes,
+                       coverage=(inside, total))

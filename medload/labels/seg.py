@@ -15,7 +15,9 @@ or shared functional groups). A frame lying on a grid slice (within :data:`SLICE
 with the grid's in-plane geometry is copied; a frame on a grid slice with another in-plane origin,
 spacing, size or in-plane rotation is resampled by nearest neighbour (``resampled=True``). A frame with
 no position is placed through DerivationImageSequence > SourceImageSequence > ReferencedSOPInstanceUID
-(0008,1155), pseudonymised and looked up in ``grid.instances``.
+(0008,1155), pseudonymised and looked up in ``grid.instances``. A frame beyond the series' first or
+last slice, and frame pixels outside the grid's in-plane field of view, lie outside the grid: their
+foreground is cut off and counted in the result's ``coverage`` (a frame between two slices is refused).
 
 Class id = SegmentNumber (0062,0004). Where segments overlap, the higher segment number wins (the
 number of such voxels is noted). FRACTIONAL frames are foreground where value >= 0.5 *
@@ -33,7 +35,7 @@ import numpy as np
 import pydicom
 from pydicom.pixels import get_decoder
 
-from medload.labels.grid import LabelProblem, LabelVolume, SeriesGrid
+from medload.labels.grid import LabelProblem, LabelVolume, SeriesGrid, cut_note
 
 __all__ = ["seg_to_grid", "read_segments", "SegmentInfo", "SEG_SOP_CLASSES", "SLICE_TOLERANCE"]
 
@@ -161,9 +163,10 @@ class _Placer:
         self.grid = grid
         self.inv = np.linalg.inv(grid.affine_lps)
 
-    def place(self, f: _Frame) -> tuple[int, tuple | None]:
-        """``(slice, None)`` to copy the frame, ``(slice, (rows, cols, valid))`` to resample it.
-        Raises ValueError with the reason when the frame lies on no slice."""
+    def place(self, f: _Frame) -> tuple[int | None, tuple | None]:
+        """``(slice, None)`` to copy the frame, ``(slice, (rows, cols, valid))`` to resample it, ``(None,
+        None)`` when it lies beyond the series' first or last slice (outside the grid: nothing of it is
+        placed). Raises ValueError with the reason when the frame lies on no slice otherwise."""
         d, h, w = self.grid.shape
         if f.axes is None:
             raise ValueError("it has a position but no PlaneOrientationSequence/PixelMeasuresSequence")
@@ -174,7 +177,9 @@ class _Placer:
         if z.max() - z.min() > 2 * SLICE_TOLERANCE:
             raise ValueError(f"it is not parallel to the series slices (its corners span slices "
                              f"{z.min():.2f} to {z.max():.2f}); oblique SEG planes are not resampled")
-        if np.abs(z - k).max() > SLICE_TOLERANCE or not 0 <= k < d:
+        if not -0.5 <= z.mean() < d - 0.5:
+            return None, None
+        if np.abs(z - k).max() > SLICE_TOLERANCE:
             raise ValueError(f"it lands at slice index {z.mean():.2f}, not on one of the {d} slices")
         target = np.array([[0, 0], [w - 1, 0], [0, h - 1], [w - 1, h - 1]], float)
         if (f.rows, f.cols) == (h, w) and np.abs(idx[:, :2] - target).max() <= SLICE_TOLERANCE:
@@ -254,7 +259,7 @@ def seg_to_grid(ds: pydicom.Dataset, grid: SeriesGrid, *, uid_pseudonym: Callabl
     highest = max([*segments, 1])
     data = np.zeros(grid.shape, dtype=np.uint16 if highest > 255 else np.uint8)
     overlap = None
-    unplaced_empty = resampled = by_uid = disagree = lost = 0
+    unplaced_empty = resampled = by_uid = disagree = lost = beyond = total = 0
     for f, frame in zip(frames, _pixels(ds, len(frames))):
         if seg_type == "LABELMAP":
             values = frame.astype(data.dtype)
@@ -266,9 +271,17 @@ def seg_to_grid(ds: pydicom.Dataset, grid: SeriesGrid, *, uid_pseudonym: Callabl
             fg = frame >= 0.5 * top if seg_type == "FRACTIONAL" else frame != 0
             values = fg.astype(data.dtype) * data.dtype.type(segment)
         ref_slices = [lookup[p] for p in map(pseudo, f.refs) if p in lookup]
+        foreground = int(np.count_nonzero(values))
+        total += foreground
         try:
             if f.ipp is not None:
-                k, sample = placer.place(f)
+                slice_, sample = placer.place(f)
+                if slice_ is None:  # beyond the series' slices: its foreground is outside the grid
+                    lost += foreground
+                    beyond += foreground > 0
+                    unplaced_empty += foreground == 0
+                    continue
+                k = slice_
                 disagree += bool(ref_slices) and k not in ref_slices
             elif ref_slices:
                 k, sample, by_uid = ref_slices[0], None, by_uid + 1
@@ -306,8 +319,13 @@ def seg_to_grid(ds: pydicom.Dataset, grid: SeriesGrid, *, uid_pseudonym: Callabl
     if resampled:
         notes.append(f"{resampled} frames resampled in-plane (nearest neighbour): their origin, spacing, size "
                      "or in-plane orientation differ from the series")
+    if lost == total > 0:
+        raise LabelProblem(f"all {total} foreground pixels of the SEG's frames lie outside the series grid once "
+                           "placed by their position: is it the SEG of another series?")
+    if beyond:
+        notes.append(f"{beyond} frames with foreground lie beyond the series' first or last slice")
     if lost:
-        notes.append(f"{lost} foreground frame pixels lie outside the series' field of view and were dropped")
+        notes.append(cut_note("SEG", "frame pixels", total - lost, total))
     if by_uid:
         notes.append(f"{by_uid} frames without a position placed by their referenced source image")
     if disagree:
@@ -318,4 +336,4 @@ def seg_to_grid(ds: pydicom.Dataset, grid: SeriesGrid, *, uid_pseudonym: Callabl
     present = set(np.unique(data).tolist())
     notes += [f"segment {n} ({s.label}) has no voxels on this grid" for n, s in segments.items() if n not in present]
     return LabelVolume(data=data, classes={n: s.label for n, s in sorted(segments.items())}, kind="seg",
-                       source=source, resampled=resampled > 0, notes=notes)
+                       source=source, resampled=resampled > 0, notes=notes, coverage=(total - lost, total))

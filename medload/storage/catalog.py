@@ -2,7 +2,10 @@
 
 One row per series, one column per field in :data:`COLUMNS`. Numbers are plain columns (``slices``,
 ``rows``, ``columns``, ``spacing_x/y/z`` in mm along column, row and slice), so ``DataFrame.query``
-works on them; ``label_classes``, ``windows`` and ``flags`` are tuples of names. ``orientation`` is the
+works on them; ``label_classes``, ``windows`` and ``flags`` are tuples of names; ``label_kept`` is the
+fraction of the label's foreground that lies inside the series (below 1.0: the label was cut by the
+series' extent, see ``LabelRecord.kept``; missing without a label, or for a label stored before medload
+measured it), so ``cat.query("label_kept < 1")`` lists the cut labels. ``orientation`` is the
 plane the slices were cut in, ``axial``, ``coronal``, ``sagittal`` or ``oblique`` (the slice normal more
 than 10 degrees off every patient axis: :mod:`medload.storage.orientation`). ``split``,
 ``time_series`` and ``time_point`` say which stack of a split series a row is (see
@@ -34,8 +37,9 @@ if TYPE_CHECKING:
 __all__ = ["COLUMNS", "catalog"]
 
 COLUMNS = ("key", "patient", "study", "modality", "body_part", "manufacturer", "model", "kernel", "slice_thickness",
-           "slices", "rows", "columns", "spacing_x", "spacing_y", "spacing_z", "orientation", "dtype", "labelled", "label_classes",
-           "windows", "flags", "split", "time_series", "time_point", "shard", "unavailable")
+           "slices", "rows", "columns", "spacing_x", "spacing_y", "spacing_z", "orientation", "dtype", "labelled",
+           "label_classes", "label_kept", "windows", "flags", "split", "time_series", "time_point", "shard",
+           "unavailable")
 """Catalog columns, in order. ``patient`` and ``study`` are keyed pseudonyms, never DICOM identifiers."""
 
 
@@ -53,7 +57,8 @@ def catalog(store: Store) -> pd.DataFrame:
         why = f"its labels are in shard {lost_labels[rec.key].shard}, which cannot be read" if rec.key in lost_labels else ""
         rows.append((rec.key, rec.patient, rec.study, rec.modality, rec.body_part, rec.manufacturer, rec.model,
                      rec.kernel, rec.slice_thickness, *rec.shape, *rec.spacing, series_orientation(rec), rec.dtype,
-                     label is not None or rec.key in lost_labels, classes, rec.windows, rec.flags, rec.split,
+                     label is not None or rec.key in lost_labels, classes, None if label is None else label.kept,
+                     rec.windows, rec.flags, rec.split,
                      rec.time_series, rec.time_point, rec.shard, why))
     lost = [(key, u) for u in down for key in u.series or ()]
     for key, u in lost:
@@ -61,5 +66,5 @@ def catalog(store: Store) -> pd.DataFrame:
     frame = pd.DataFrame.from_records(rows, columns=list(COLUMNS)).sort_values("key", ignore_index=True)
     whole, real = ("int64", "float64") if not lost else ("Int64", "Float64")  # nullable where rows lack values
     return frame.astype({"slices": whole, "rows": whole, "columns": whole, "slice_thickness": real, "spacing_x": real,
-                         "spacing_y": real, "spacing_z": real, "labelled": "bool" if not lost else "boolean",
+                         "spacing_y": real, "spacing_z": real, "label_kept": real, "labelled": "bool" if not lost else "boolean",
                          "time_point": whole})

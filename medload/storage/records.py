@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 
-__all__ = ["SeriesRecord", "LabelRecord", "RejectRecord"]
+__all__ = ["SeriesRecord", "LabelRecord", "RejectRecord", "kept_fraction", "percent"]
 
 _RECORD_FORMAT = 1
 
@@ -82,6 +83,17 @@ class SeriesRecord:
         return bytes.fromhex(self.key)
 
 
+def kept_fraction(inside: int, total: int) -> float:
+    """``inside / total`` rounded down to 4 decimals (a :attr:`LabelRecord.kept`), so that only a label kept
+    whole says 1.0; 1.0 when ``total`` is 0 (an empty label loses nothing)."""
+    return math.floor(inside / total * 10_000) / 10_000 if total else 1.0
+
+
+def percent(fraction: float) -> str:
+    """``0.0315`` -> ``"3.1%"``, ``0.8`` -> ``"80%"``: rounded down to 0.1%, so a cut label never shows 100%."""
+    return f"{math.floor(fraction * 1000) / 10:g}%"
+
+
 @dataclass(frozen=True)
 class LabelRecord:
     """The label map of a series: stored under the series' slice keys in the ``labels`` sub-database
@@ -89,7 +101,11 @@ class LabelRecord:
 
     ``classes`` maps class id (as text, JSON keys) to name; ``foreground[z][c]`` counts the voxels of
     the c-th class (in ascending id order) on slice z -- what the foreground-balanced sampler uses.
-    ``source_fingerprint`` identifies the label input, so re-ingesting it adds nothing.
+    ``source_fingerprint`` identifies the label input, so re-ingesting it adds nothing. ``source`` names
+    it by its path relative to the folder it was found in, with every UID in it pseudonymised (never a
+    raw path: see :func:`medload.ingest.labels.label_source_name`). ``kept`` is the fraction of the
+    input's foreground that lies inside the series grid (1.0: all of it; less: the rest lay outside the
+    series and was cut off); ``None`` in records written before medload measured it.
     """
 
     key: str
@@ -102,6 +118,7 @@ class LabelRecord:
     digest: str
     resampled: bool = False
     notes: tuple[str, ...] = ()
+    kept: float | None = None
     shard: str = ""
     format: int = _RECORD_FORMAT
 

@@ -11,7 +11,8 @@ the superseded copy is not checked, only noted with the bytes it takes. ``deep``
 per-slice source hashes are looked up among the files under ``sources``. ``damage`` is damage of
 committed data; ``notes`` hold the rest (shards a crashed writer left unlisted or unpublished,
 superseded copies, series whose sources were not found, shards ``repair`` retired, series whose labels
-were lost with an earlier copy: :attr:`VerifyReport.labels_lost`). A shard readers
+were lost with an earlier copy (:attr:`VerifyReport.labels_lost`), labels that were cut by their series'
+extent when ingested). A shard readers
 cannot use at all is *unreadable* (:attr:`VerifyReport.unreadable`), and each series whose live copy
 it holds is damage: ``repair`` ingests those again and retires the shard.
 
@@ -32,7 +33,7 @@ from medload.storage import shard as sh
 from medload.storage.availability import check_keys
 from medload.storage.live import LiveRecords, ShardRecords, lost_shard, merge
 from medload.storage.manifest import Manifest, backup_path, file_digest, manifest_path, read_manifest, shard_path
-from medload.storage.records import SeriesRecord
+from medload.storage.records import SeriesRecord, percent
 from medload.storage.verify_isolated import run_check
 from medload.storage.verify_report import KINDS, RESTORE, Damage, VerifyReport, reingest_hint
 from medload.storage.verify_shard import Expect, shard_records, shard_values
@@ -66,6 +67,7 @@ def verify_store(path: str | Path, *, deep: bool = False, sources: Sequence[Path
     shards = _read_records(root, manifest, readable, suspect, report)
     live = merge(shards)
     _check_records(live, report)
+    _note_cut_labels(live, report)
     report.series, report.labels = len(live.series), len(live.labels)
     with progress_bar("verify", len(live.series), enabled=progress) as advance:
         for s in shards:
@@ -208,6 +210,17 @@ def _check_records(live: LiveRecords, report: VerifyReport) -> None:
     for (kind, key), (name, why) in live.broken.items():
         report.add(kind, key.hex(), f"{kind} record in shard {name} does not parse ({why}): {reingest_hint(key.hex())}",
                    series=key.hex() if _stored(live, key) else None, shard=name)
+
+
+def _note_cut_labels(live: LiveRecords, report: VerifyReport) -> None:
+    """A note (not damage: the store holds what was ingested) for each label that lay partly outside its
+    series when it was ingested (``LabelRecord.kept`` below 1)."""
+    for key, label in sorted(live.labels.items()):
+        if label.kept is not None and label.kept < 1:
+            report.notes.append(Damage("label", key.hex(), f"label {label.source} keeps {percent(label.kept)} of its "
+                                       "foreground: the rest lay outside the series and was cut off when it was "
+                                       f"ingested; check it (`medload view STORE {key.hex()[:12]} --label`)",
+                                       shard=label.shard))
 
 
 def _stored(live: LiveRecords, key: bytes) -> bool:
