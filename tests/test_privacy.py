@@ -182,7 +182,7 @@ def test_masks_named_by_their_uids_leave_no_uid_in_the_store_or_the_output(tmp_p
     for name, store in stores.items():
         verbose = ("-v",) if name == "verbose" else ()
         out[f"ingest {name}"] = _cli(*verbose, "ingest", fit.src, store, "--labels", tmp_path / "labels", "--workers",
-                                     "1", "--no-progress", env=cli_env)
+                                     "1", "--new-key", "--no-progress", env=cli_env)
         for command in (("ls",), ("ls", "--json"), ("info",), ("rejects", "--all"), ("verify",)):
             out[f"{' '.join(command)} {name}"] = _cli(*verbose, command[0], store, *command[1:], env=cli_env)
     for store in stores.values():
