@@ -10,19 +10,12 @@ Examples:
     ((3, 512, 512), dtype('int16'))
 """
 
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _installed_version
-
-try:  # defined before the imports below: the store writer records it
-    __version__ = _installed_version("medload")
-except PackageNotFoundError:  # a source tree on sys.path that was never installed
-    __version__ = "0+unknown"
-
-from medload import viz, windows  # noqa: E402  (viz loads matplotlib only when it draws)
-from medload.config import IngestConfig  # noqa: E402
-from medload.errors import MedloadError  # noqa: E402
-from medload.storage.records import RejectRecord, SeriesRecord  # noqa: E402
-from medload.storage.store import Store, open_store  # noqa: E402
+from medload import viz, windows  # viz loads matplotlib only when it draws
+from medload.config import IngestConfig
+from medload.errors import MedloadError
+from medload.storage.records import RejectRecord, SeriesRecord
+from medload.storage.store import Store, open_store
+from medload.version import __version__
 
 _TRAINING = {"SliceDataset", "SlabDataset", "make_loader", "MedloadReader"}
 

@@ -51,7 +51,7 @@ def push_seg(config: MedloadConfig, store: Path, key: str, mask: Path, url: str,
              algorithm: str, algorithm_version: str | None, series_description: str) -> None:
     """Send MASK (NIfTI/NRRD on the grid of series KEY of STORE, as `medload export` writes it) to the PACS as a
     DICOM SEG that references the original series, found there by the pseudonym of its SeriesInstanceUID."""
-    from medload import __version__
+    from medload.version import __version__
     from medload.writeback import push_seg as push
 
     result = push(store, key, mask, segments, to=url, credentials=credentials, ca_bundle=ca_bundle,

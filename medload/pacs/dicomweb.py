@@ -33,13 +33,13 @@ from urllib.parse import parse_qsl
 from pydicom.datadict import tag_for_keyword
 from pydicom.uid import UID
 
-from medload import __version__
 from medload.errors import ConfigError, InputProblem, RemoteSourceError
 from medload.extras import require
 from medload.ingest.headers import VOLUME_SOP_CLASSES
 from medload.ingest.labels import LABEL_SOP_CLASSES
 from medload.pacs.endpoint import Credentials, Endpoint
 from medload.pacs.multipart import boundary_of, write_single_part
+from medload.version import __version__
 
 require("httpx", "dicomweb", "A dicomweb:// PACS (QIDO-RS, WADO-RS, STOW-RS)")
 import httpx  # noqa: E402

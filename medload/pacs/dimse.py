@@ -54,7 +54,6 @@ from pydicom.uid import (
     RLELossless,
 )
 
-from medload import __version__
 from medload.errors import ConfigError, InputProblem, RemoteSourceError, StoreError
 from medload.extras import require
 from medload.pacs.dicomweb import (  # one UID rule and one choice of instances for both protocols
@@ -65,6 +64,7 @@ from medload.pacs.dicomweb import (  # one UID rule and one choice of instances 
     valid_uid,
 )
 from medload.pacs.endpoint import DimseEndpoint, check_ae_title
+from medload.version import __version__
 
 require("pynetdicom", "pacs", "A dimse:// PACS (C-FIND, C-GET, C-STORE)")
 from pynetdicom import AE, build_context, build_role, evt  # noqa: E402

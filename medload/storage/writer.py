@@ -40,7 +40,6 @@ from typing import Protocol
 
 import lmdb
 
-from medload import __version__
 from medload.errors import ConfigError, StoreError, StoreLockedError
 from medload.storage import rejects
 from medload.storage import shard as sh
@@ -67,6 +66,7 @@ from medload.storage.manifest import (
 )
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 from medload.storage.space import disk_full_is_error
+from medload.version import __version__
 
 __all__ = ["StoreWriter", "SeriesTransaction"]
 

@@ -29,7 +29,6 @@ import numpy as np
 from pydicom.sr.codedict import codes
 from pydicom.sr.coding import Code
 
-from medload import __version__
 from medload.config import IngestConfig
 from medload.errors import ConfigError
 from medload.ingest.deid import KeyFile, Pseudonymizer, load_key
@@ -38,6 +37,7 @@ from medload.labels.masks import mask_to_grid
 from medload.pacs.dicomweb import parse_query
 from medload.storage.records import SeriesRecord
 from medload.storage.store import Store, open_store
+from medload.version import __version__
 from medload.writeback.originals import find_source_series
 from medload.writeback.pacs import PacsConnection, connect
 
