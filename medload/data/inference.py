@@ -41,8 +41,8 @@ def target_grid(store: Store, key: str | bytes, spacing: Sequence[float] | None 
     Examples:
         >>> rec = store.series()[0]
         >>> affine, shape = target_grid(store, rec.key, spacing=(5.0, 2.0, 2.0))
-        >>> shape                                  # 28 slices of 5 mm, 512 x 0.45 mm columns and rows
-        (28, 116, 116)
+        >>> shape              # 28 slices at 5 mm; 512 columns 0.451 mm apart span 230.5 mm: 117 at 2 mm
+        (28, 117, 117)
     """
     rec = store.record(key)
     directions = native_directions(rec.affine) if orientation is None else axcode_directions(orientation)

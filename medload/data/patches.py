@@ -40,7 +40,7 @@ from medload.data.patch_geometry import (
     source_box,
     voxel_to_voxel,
 )
-from medload.data.resample import HU_PAD, sample_linear, sample_nearest, source_points
+from medload.data.resample import HU_PAD, sample_linear, sample_nearest
 from medload.data.samplers import _int, _rng
 from medload.errors import ConfigError, StoreError
 from medload.storage.records import LabelRecord, SeriesRecord
@@ -122,17 +122,17 @@ class PatchDataset(torch.utils.data.Dataset):
                  seed: int = 0, labels: bool | None = None, modality: str | Sequence[str] | None = None,
                  kernel: str | Sequence[str] | None = None, thickness: tuple[float, float] | None = None,
                  keys: Sequence[str] | None = None) -> None:
-        if len(patch) != 3 or min(_int("patch size", n, low=1) for n in patch) < 1:
+        if len(patch) != 3:
             raise ConfigError(f"patch must be three sizes (D, H, W), got {tuple(patch)}")
-        if spacing is not None and len(spacing) != 3:
-            raise ConfigError(f"spacing must be (z, y, x) mm or None, got {tuple(spacing)}")
+        if spacing is not None and (len(spacing) != 3 or min(float(s) for s in spacing) <= 0):
+            raise ConfigError(f"spacing must be positive (z, y, x) mm or None, got {tuple(spacing)}")
         if not 0.0 <= foreground <= 1.0:
             raise ConfigError(f"foreground must be a probability in [0, 1], got {foreground}")
         records = select_series(store.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
         if not records:
             raise ConfigError(f"no series of {store.path} match the dataset's filters: check them with `medload ls`")
         self.store = store
-        self.patch = tuple(int(n) for n in patch)
+        self.patch = tuple(_int("patch size", n, low=1) for n in patch)
         self.spacing = None if spacing is None else tuple(float(s) for s in spacing)
         self._directions = None if orientation is None else axcode_directions(orientation)
         self.orientation = None if orientation is None else str(orientation).upper()
@@ -209,12 +209,11 @@ class PatchDataset(torch.utils.data.Dataset):
             image = torch.full(self.patch, HU_PAD, dtype=torch.float32)
             return image, (np.zeros(self.patch, self.label_dtype) if self.labels else None)
         (z0, r0, c0), (z1, r1, c1) = box
-        points = source_points(v2v, self.patch, offset=box[0])
-        image = sample_linear(self.store.read(rec.key, int(z0), int(z1))[:, r0:r1, c0:c1], points)
+        image = sample_linear(self.store.read(rec.key, int(z0), int(z1))[:, r0:r1, c0:c1], v2v, self.patch, box[0])
         label = None
         if self.labels:
             stored = self.store.read_label(rec.key, int(z0), int(z1))[:, r0:r1, c0:c1]
-            label = sample_nearest(stored, points).astype(self.label_dtype, copy=False)
+            label = sample_nearest(stored, v2v, self.patch, box[0]).astype(self.label_dtype, copy=False)
         return image, label
 
     def __getitem__(self, i: int) -> dict:

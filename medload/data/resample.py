@@ -27,41 +27,63 @@ HU_PAD = -1024.0
 """What an image is padded with outside its volume: air, the lowest HU a CT stores."""
 
 
+def _coordinate(m: np.ndarray, shape: Sequence[int], k: int, dtype=np.float64) -> np.ndarray:
+    """``(D, H, W)``: row ``k`` of the affine ``m`` applied to every output index ``(d, h, w)``."""
+    d, h, w = (np.arange(n, dtype=dtype) for n in shape)
+    a, b, c, t = (dtype(x) for x in m[k])
+    return (t + a * d)[:, None, None] + (b * h)[None, :, None] + (c * w)[None, None, :]
+
+
 def source_points(v2v: np.ndarray, shape: Sequence[int], offset=(0, 0, 0)) -> np.ndarray:
     """``(D, H, W, 3)`` float64: the source index ``(slice, row, column)`` of each output voxel centre, less
     ``offset`` (the first voxel of the source block read)."""
-    m = np.asarray(v2v, dtype=np.float64)
-    d, h, w = (np.arange(n, dtype=np.float64) for n in shape)
-    base = m[:3, 3] - np.asarray(offset, dtype=np.float64)
-    return (base + d[:, None, None, None] * m[:3, 0] + h[None, :, None, None] * m[:3, 1]
-            + w[None, None, :, None] * m[:3, 2])
+    m = _shifted(v2v, offset)
+    return np.stack([_coordinate(m, shape, k) for k in range(3)], axis=-1)
 
 
-def sample_linear(volume, points: np.ndarray, pad: float = HU_PAD) -> torch.Tensor:
-    """Trilinear samples of ``volume`` (``(S, R, C)`` or channels first ``(K, S, R, C)``, any numeric dtype)
-    at ``points`` (``(D, H, W, 3)`` source indices): float32 ``(D, H, W)`` or ``(K, D, H, W)``."""
+def _shifted(v2v: np.ndarray, offset) -> np.ndarray:
+    m = np.array(v2v, dtype=np.float64)
+    m[:3, 3] -= np.asarray(offset, dtype=np.float64)
+    return m
+
+
+def sample_linear(volume, v2v: np.ndarray, shape: Sequence[int], offset=(0, 0, 0), pad: float = HU_PAD) -> torch.Tensor:
+    """Trilinear samples of ``volume`` (``(S, R, C)`` or channels first ``(K, S, R, C)``, any numeric dtype;
+    the block of the source from voxel ``offset``) on the grid ``shape`` that ``v2v`` maps into the
+    source: float32 ``(D, H, W)`` or ``(K, D, H, W)``."""
     v = torch.as_tensor(volume).to(torch.float32)
     lone = v.ndim == 3
     v = v[None] if lone else v
     if pad:
         v = v - pad
-    size = torch.tensor(v.shape[1:], dtype=torch.float64)  # S, R, C
-    grid = (2 * torch.from_numpy(points) + 1) / size - 1   # x (column) last in points, first in grid
-    out = torch.nn.functional.grid_sample(v[None], grid.flip(-1)[None].to(torch.float32), mode="bilinear",
-                                          padding_mode="zeros", align_corners=False)[0]
+    # grid_sample's normalised coordinates, x (column) first: (2 * index + 1) / size - 1, folded into v2v
+    size = np.asarray(v.shape[1:], dtype=np.float64)[::-1]
+    normalise = np.diag([*(2 / size), 1.0])
+    normalise[:3, 3] = 1 / size - 1
+    m = normalise @ _shifted(v2v, offset)[[2, 1, 0, 3]]
+    grid = torch.empty((*shape, 3), dtype=torch.float32)
+    for k in range(3):
+        grid[..., k] = torch.from_numpy(_coordinate(m, shape, k, np.float32))
+    out = torch.nn.functional.grid_sample(v[None], grid[None], mode="bilinear", padding_mode="zeros",
+                                          align_corners=False)[0]
     if pad:
         out += pad
     return out[0] if lone else out
 
 
-def sample_nearest(volume: np.ndarray, points: np.ndarray, fill: int = 0) -> np.ndarray:
-    """Nearest-neighbour samples of ``volume`` ``(S, R, C)`` at ``points``, in its own dtype; ``fill``
-    outside."""
-    index = np.rint(points).astype(np.int64)
-    inside = ((index >= 0) & (index < np.asarray(volume.shape))).all(axis=-1)
-    out = np.full(points.shape[:-1], fill, dtype=volume.dtype)
-    s, r, c = (index[..., k][inside] for k in range(3))
-    out[inside] = volume[s, r, c]
+def sample_nearest(volume: np.ndarray, v2v: np.ndarray, shape: Sequence[int], offset=(0, 0, 0),
+                   fill: int = 0) -> np.ndarray:
+    """Nearest-neighbour samples of ``volume`` ``(S, R, C)`` (the block of the source from voxel ``offset``)
+    on the grid ``shape`` that ``v2v`` maps into the source, in its own dtype; ``fill`` outside."""
+    m = _shifted(v2v, offset)
+    flat = np.zeros(tuple(shape), dtype=np.int64)
+    inside = np.ones(tuple(shape), dtype=bool)
+    for k, size in enumerate(volume.shape):
+        index = np.rint(_coordinate(m, shape, k)).astype(np.int64)
+        inside &= (index >= 0) & (index < size)
+        flat = flat * size + index
+    out = np.full(tuple(shape), fill, dtype=volume.dtype)
+    out[inside] = np.ascontiguousarray(volume).reshape(-1)[flat[inside]]
     return out
 
 
@@ -81,6 +103,5 @@ def resample_volume(volume, v2v: np.ndarray, shape: Sequence[int], pad: float = 
         box = source_box(m, part, spatial)
         if box is not None:
             (z0, r0, c0), (z1, r1, c1) = box
-            points = source_points(m, part, offset=box[0])
-            out[..., d0 : d0 + part[0], :, :] = sample_linear(volume[..., z0:z1, r0:r1, c0:c1], points, pad)
+            out[..., d0 : d0 + part[0], :, :] = sample_linear(volume[..., z0:z1, r0:r1, c0:c1], m, part, box[0], pad)
     return out
