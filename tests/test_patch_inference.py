@@ -16,6 +16,7 @@ from patch_store import label_from_image
 
 from medload.config import IngestConfig
 from medload.data import predict_series, target_grid
+from medload.errors import ConfigError
 from medload.ingest import ingest
 from medload.storage.nifti import export_nifti
 from medload.storage.store import open_store
@@ -123,3 +124,12 @@ def test_one_channel_models_are_thresholded_and_preprocess_runs_first(store):
                           preprocess=preprocess)
     assert len(seen) == 1 and seen[0][:2] == (1, 1)
     assert _dice(pred, (truth > 0).astype(np.uint8), 1) >= 0.99
+
+
+def test_make_series_writes_the_hu_it_is_given(store, tmp_path):
+    """The oracle's premise: the stored image is the ``hu=`` written (``make_series`` without it writes
+    its phantom), and a wrong shape is refused."""
+    for rec in store.series():
+        assert np.array_equal(store.read(rec.key), 1000 * _ellipsoids() - 1000)
+    with pytest.raises(ConfigError, match=r"hu has shape \(2, 3, 4\)"):
+        make_series(tmp_path, SERIES["oblique"][0], hu=np.zeros((2, 3, 4), np.int16))
