@@ -1,4 +1,5 @@
-"""Training data: 2.5D and 3D datasets over a store, the fast loader, samplers, augmentation, MONAI reader."""
+"""Training data: 2.5D and 3D datasets over a store, the fast loader, samplers, augmentation, MONAI reader;
+3D patches at a target spacing and orientation, and sliding-window inference back onto the stored grid."""
 
 from medload.data.augment import AugmentConfig, BatchAugment
 from medload.data.datasets import SlabDataset, SliceDataset
@@ -10,7 +11,9 @@ from medload.data.distributed import (
     sample_layout,
     shards_for_rank,
 )
+from medload.data.inference import predict_series, target_grid
 from medload.data.loader import DeviceLoader, make_loader
+from medload.data.patches import PatchDataset
 from medload.data.samplers import ForegroundSampler, SeriesGroupedSampler, UniformSampler
 from medload.data.splits import PatientSplit, split_patients
 
@@ -28,4 +31,4 @@ def __getattr__(name: str):
 __all__ = ["SliceDataset", "SlabDataset", "make_loader", "DeviceLoader", "MedloadReader", "AugmentConfig",
            "BatchAugment", "UniformSampler", "ForegroundSampler", "SeriesGroupedSampler", "DistributedPatientSampler",
            "partition_by_patient", "assign_ranks", "locality_order", "shards_for_rank", "sample_layout",
-           "PatientSplit", "split_patients"]
+           "PatientSplit", "split_patients", "PatchDataset", "predict_series", "target_grid"]

@@ -194,12 +194,14 @@ def make_series(
     patient_name: str = "Doe^Synthetic",
     shuffle: bool = True,
     series_number: int = 1,
+    hu: np.ndarray | None = None,
 ) -> GeneratedSeries:
     """Write one synthetic series into ``out_dir`` and return its ground truth.
 
     Everything (phantom, oblique rotation, origin, UIDs, names, InstanceNumber order) is drawn from
-    ``seed``, so the same arguments give byte-identical files. Raises ConfigError for a spec that
-    cannot be written (see :class:`SeriesSpec`); existing files are never overwritten.
+    ``seed``, so the same arguments give byte-identical files. ``hu`` (slices along the normal, Rows,
+    Columns) is written instead of the phantom: an image whose values a test chooses. Raises ConfigError
+    for a spec that cannot be written (see :class:`SeriesSpec`); existing files are never overwritten.
     """
     _check(spec)
     out_dir = Path(out_dir)
@@ -213,7 +215,10 @@ def make_series(
     offsets = slice_offsets(spec)
     origin = np.asarray(spec.origin if spec.origin is not None else np.round(rng.uniform(-150, 150, 3), 2), float)
     ipp = slice_positions(origin, row_cos, col_cos, offsets, spec.tilt_deg)
-    values = pixel_values(phantom_hu((len(ipp), spec.rows, spec.cols), rng), spec, rng)
+    shape = (len(ipp), spec.rows, spec.cols)
+    if hu is not None and np.shape(hu) != shape:
+        raise ConfigError(f"hu has shape {np.shape(hu)}, the series {shape} (slices, rows, columns)")
+    values = pixel_values(phantom_hu(shape, rng) if hu is None else np.asarray(hu), spec, rng)
     iop = ds_values(np.concatenate([row_cos, col_cos]))
     if spec.multiframe:
         paths = [_write_enhanced(out_dir, spec, ident, values, ipp, iop, rng, shuffle)]
