@@ -86,3 +86,14 @@ def test_the_command_line_form_of_a_class_map():
     for bad in ("", "liver,,spleen", "a=", "liver,liver"):
         with pytest.raises(ConfigError, match="--classes"):
             parse_classes(bad)
+
+
+def test_patches_keep_the_labelled_series_as_the_other_datasets(store):
+    """PatchDataset takes labels='only' and the filters' explanations by the same rule (medload.data.labelling)."""
+    from medload.data import PatchDataset
+
+    ds = PatchDataset(store, patch=(2, 8, 8), spacing=None, labels="only", samples_per_epoch=4)
+    assert ds.labels and len(ds.records) == 6 and len(ds.unlabelled) == 3
+    assert "label" in ds[0]
+    with pytest.raises(ConfigError, match=r"modality='MR' matched 0 of 9"):
+        PatchDataset(store, patch=(2, 8, 8), modality="MR")

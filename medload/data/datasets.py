@@ -32,11 +32,11 @@ import torch
 
 from medload import windows as win
 from medload.data.index import SampleIndex, slab_index, slice_index
-from medload.data.labelling import check_labels_choice, class_tables, labelled_only
+from medload.data.labelling import class_tables, returns_labels, select_labelled
 from medload.data.layout import sample_affine
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
-from medload.storage.selection import require_series, thick_enough
+from medload.storage.selection import thick_enough
 from medload.storage.shard import LABELS
 from medload.storage.store import Store
 
@@ -51,18 +51,10 @@ class _StoreDataset(torch.utils.data.Dataset):
     def __init__(self, store: Store, records: list[SeriesRecord], index: SampleIndex, *, plane: str | None,
                  labels: bool | str | None, classes=None) -> None:
         label_records = [store.labels(r.key) for r in records]
-        missing = sum(lab is None for lab in label_records)
-        if labels is True and missing:
-            raise ConfigError(f"{missing} of {len(records)} series have no labels: pass labels='only' to train on the "
-                              "labelled ones, filter them out (keys=...) or ingest their labels")
-        if labels is None and missing and missing < len(records):
-            warnings.warn(f"{missing} of {len(records)} series of {store.path} have no labels, so the dataset has "
-                          "none: pass labels='only' to keep the labelled series, or labels=False to silence this",
-                          UserWarning, stacklevel=3)
         self.store = store
         self.index = index
         self.plane = None if plane is None else win.get(plane).name
-        self.labels = missing == 0 if labels is None else bool(labels)
+        self.labels = returns_labels(store, label_records, labels)
         if classes is not None and not self.labels:
             raise ConfigError("classes= maps stored label classes, and this dataset has no labels: pass labels='only' "
                               "to keep the labelled series")
@@ -81,17 +73,6 @@ class _StoreDataset(torch.utils.data.Dataset):
         self.label_dtype = (None if not self.labels else next(iter(self._luts.values())).dtype if self._luts
                             else np.result_type(*(np.dtype(lab.dtype) for lab in self._label_records.values())))
         self.foreground = self._foreground() if self.labels else None
-
-    @staticmethod
-    def _series(store: Store, labels, filters: dict) -> tuple[list[SeriesRecord], tuple[str, ...]]:
-        """The series the filters select (a ConfigError saying what each matched where none does) and,
-        with ``labels="only"``, the keys of those left out for having no labels."""
-        check_labels_choice(labels)
-        records = require_series(store.series(), str(store.path), **filters)
-        if labels != "only":
-            return records, ()
-        kept, left_out = labelled_only(store, records)
-        return kept, tuple(left_out)
 
     # ---- what each kind of sample defines (SliceDataset, SlabDataset) ------------------------------
     def _sample_foreground(self, per_slice: np.ndarray, z: np.ndarray) -> np.ndarray:
@@ -293,7 +274,7 @@ class SliceDataset(_StoreDataset):
                  orientation: str | Sequence[str] | None = None) -> None:
         if context < 0:
             raise ConfigError(f"context must be >= 0 neighbours, got {context}")
-        records, self.unlabelled = self._series(store, labels, dict(
+        records, self.unlabelled = select_labelled(store, labels, dict(
             modality=modality, kernel=kernel, thickness=thickness, keys=keys, orientation=orientation))
         self.context = context
         super().__init__(store, records, slice_index(records), plane=plane, labels=labels, classes=classes)
@@ -358,7 +339,7 @@ class SlabDataset(_StoreDataset):
                  labels: bool | str | None = None, classes=None, modality: str | Sequence[str] | None = None,
                  kernel: str | Sequence[str] | None = None, thickness: tuple[float, float] | None = None,
                  keys: Sequence[str] | None = None, orientation: str | Sequence[str] | None = None) -> None:
-        records, self.unlabelled = self._series(store, labels, dict(
+        records, self.unlabelled = select_labelled(store, labels, dict(
             modality=modality, kernel=kernel, thickness=thickness, keys=keys, orientation=orientation))
         records = thick_enough(records, depth)
         self.depth = depth

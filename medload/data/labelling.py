@@ -32,7 +32,7 @@ from medload.storage.records import LabelRecord, SeriesRecord
 if TYPE_CHECKING:
     from medload.storage.store import Store
 
-__all__ = ["LABEL_CHOICES", "check_labels_choice", "labelled_only", "class_map", "parse_classes", "class_tables", "stored_class_names"]
+__all__ = ["LABEL_CHOICES", "check_labels_choice", "labelled_only", "select_labelled", "returns_labels", "class_map", "parse_classes", "class_tables", "stored_class_names"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,35 @@ def labelled_only(store: Store, records: Sequence[SeriesRecord]) -> tuple[list[S
         log.info("labels='only': %d of %d selected series of %s have no labels and are left out; training on the "
                  "other %d", len(left_out), len(records), store.path, len(kept))
     return kept, left_out
+
+
+def select_labelled(store: Store, labels, filters: dict) -> tuple[list[SeriesRecord], tuple[str, ...]]:
+    """The series a dataset's ``filters`` select (a ConfigError saying what each matched where none does)
+    and, with ``labels="only"``, the keys of those left out for having no labels."""
+    from medload.storage.selection import require_series
+
+    check_labels_choice(labels)
+    records = require_series(store.series(), str(store.path), **filters)
+    if labels != "only":
+        return records, ()
+    kept, left_out = labelled_only(store, records)
+    return kept, tuple(left_out)
+
+
+def returns_labels(store: Store, label_records: Sequence[LabelRecord | None], labels, *, stacklevel: int = 4) -> bool:
+    """Whether a dataset over series with these label records returns labels: ``True`` needs every series
+    labelled (else a ConfigError), ``None`` means "when every series is" (with a warning when only some
+    are), ``"only"`` kept just the labelled ones (:func:`select_labelled`). ``stacklevel``: of the warning,
+    counted from here to the user's call."""
+    missing = sum(lab is None for lab in label_records)
+    if labels is True and missing:
+        raise ConfigError(f"{missing} of {len(label_records)} series have no labels: pass labels='only' to train on "
+                          "the labelled ones, filter them out (keys=...) or ingest their labels")
+    if labels is None and missing and missing < len(label_records):
+        warnings.warn(f"{missing} of {len(label_records)} series of {store.path} have no labels, so the dataset has "
+                      "none: pass labels='only' to keep the labelled series, or labels=False to silence this",
+                      UserWarning, stacklevel=stacklevel)
+    return missing == 0 if labels is None else bool(labels)
 
 
 def class_map(classes: str | Sequence[str] | Mapping[str, str | Sequence[str]]) -> dict[str, list[str]]:

@@ -23,7 +23,6 @@ Equal to MONAI's ``SpatialResample`` of the exported NIfTI onto the patch's affi
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from medload.data.labelling import returns_labels, select_labelled
 from medload.data.patch_geometry import (
     axcode_directions,
     native_directions,
@@ -44,7 +44,6 @@ from medload.data.resample import HU_PAD, sample_linear, sample_nearest
 from medload.data.samplers import _int, _rng
 from medload.errors import ConfigError, StoreError
 from medload.storage.records import LabelRecord, SeriesRecord
-from medload.storage.selection import select_series
 from medload.storage.store import Store
 
 __all__ = ["PatchDataset", "PatchDraw"]
@@ -96,8 +95,10 @@ class PatchDataset(torch.utils.data.Dataset):
         foreground: the probability that a patch is centred on a labelled voxel (nnU-Net: 0.33).
         samples_per_epoch: ``len(ds)`` (nnU-Net: 250 iterations of batch 2).
         seed: with the epoch (:meth:`set_epoch`) and ``i``, decides sample ``i`` (see the module docs).
-        labels: include the ``label`` patch; None: when every series has labels. Foreground centring uses
-            the labels of every series that has them either way.
+        labels: include the ``label`` patch; None: when every series has labels; ``"only"``: keep just the
+            labelled series (the others' keys in ``ds.unlabelled``), as the other datasets
+            (:mod:`medload.data.labelling`). Foreground centring uses the labels of every series that has
+            them either way.
         modality, kernel, thickness, keys: filters on the series (:func:`~medload.storage.selection.select_series`).
 
     ``ds[i]`` is a dict: ``image`` (MetaTensor float32 HU, its affine mapping ``(d, h, w)`` to RAS mm),
@@ -119,7 +120,7 @@ class PatchDataset(torch.utils.data.Dataset):
 
     def __init__(self, store: Store, patch: Sequence[int], spacing: Sequence[float] | None = None,
                  orientation: str | None = "RAS", *, foreground: float = 0.33, samples_per_epoch: int = 500,
-                 seed: int = 0, labels: bool | None = None, modality: str | Sequence[str] | None = None,
+                 seed: int = 0, labels: bool | str | None = None, modality: str | Sequence[str] | None = None,
                  kernel: str | Sequence[str] | None = None, thickness: tuple[float, float] | None = None,
                  keys: Sequence[str] | None = None) -> None:
         if len(patch) != 3:
@@ -128,9 +129,8 @@ class PatchDataset(torch.utils.data.Dataset):
             raise ConfigError(f"spacing must be positive (z, y, x) mm or None, got {tuple(spacing)}")
         if not 0.0 <= foreground <= 1.0:
             raise ConfigError(f"foreground must be a probability in [0, 1], got {foreground}")
-        records = select_series(store.series(), modality=modality, kernel=kernel, thickness=thickness, keys=keys)
-        if not records:
-            raise ConfigError(f"no series of {store.path} match the dataset's filters: check them with `medload ls`")
+        records, self.unlabelled = select_labelled(store, labels, dict(modality=modality, kernel=kernel,
+                                                                        thickness=thickness, keys=keys))
         self.store = store
         self.patch = tuple(_int("patch size", n, low=1) for n in patch)
         self.spacing = None if spacing is None else tuple(float(s) for s in spacing)
@@ -142,7 +142,7 @@ class PatchDataset(torch.utils.data.Dataset):
         self.epoch = 0
         self._records = list(records)
         label_records = [store.labels(r.key) for r in records]
-        self.labels = _has_labels(store, label_records, labels)
+        self.labels = returns_labels(store, label_records, labels, stacklevel=3)
         self._counts = [_ClassCounts(lab) for lab in label_records]
         dtypes = [np.dtype(lab.dtype) for lab in label_records if lab is not None]
         label_dtype = np.result_type(*dtypes) if self.labels else None
@@ -232,17 +232,3 @@ class PatchDataset(torch.utils.data.Dataset):
             out["label"] = MetaTensor(torch.from_numpy(label[None]), affine=torch.from_numpy(affine), meta=dict(meta))
         out.update(key=rec.key, index=i, centre=torch.from_numpy(centre), foreground=d.foreground)
         return out
-
-
-def _has_labels(store: Store, label_records: list[LabelRecord | None], labels: bool | None) -> bool:
-    """Whether the dataset returns labels, by the rule of the other datasets: ``True`` needs every series
-    labelled; None means "when every series is", with a warning when only some are."""
-    missing = sum(lab is None for lab in label_records)
-    if labels is True and missing:
-        raise ConfigError(f"{missing} of {len(label_records)} series have no labels; "
-                          "filter them out (keys=...) or ingest their labels")
-    if labels is None and missing and missing < len(label_records):
-        warnings.warn(f"{missing} of {len(label_records)} series of {store.path} have no labels, so the dataset "
-                      "has none: pass labels=True after filtering those series out (keys=...), or labels=False "
-                      "to silence this", UserWarning, stacklevel=3)
-    return missing == 0 if labels is None else bool(labels)
