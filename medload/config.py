@@ -36,6 +36,7 @@ from functools import cache
 from pathlib import Path
 
 from medload.errors import ConfigError
+from medload.storage.sharing import check_setting
 
 if typing.TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -114,6 +115,9 @@ class IngestConfig:
             one volume per time point (flags ``t_01``..., linked by ``time_series`` in their records), or
             ``"reject"`` the series ("time series of N points"); see :mod:`medload.ingest.splits`.
         strict: a run that rejected anything exits non-zero.
+        share: who may read the store: ``"private"`` (its owner), ``"group"`` (the group of the store's
+            folder too) or ``"group:NAME"`` (group NAME); recorded in the store and kept by every later
+            writer (see :mod:`medload.storage.sharing`). None: the store's own setting (a new store: private).
 
     Examples:
         >>> from medload.ingest import ingest
@@ -138,9 +142,12 @@ class IngestConfig:
     plausibility: str = "reject"
     time_series: str = "split"
     strict: bool = False
+    share: str | None = None
 
     def __post_init__(self) -> None:
         _check_fields(self)
+        if self.share is not None:
+            check_setting(self.share)
         if self.tilt_policy not in ("reject", "shear"):
             raise ConfigError(f"tilt policy {self.tilt_policy!r}: use 'reject' or 'shear'")
         if self.workers is not None and self.workers < 1:

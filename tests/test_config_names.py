@@ -36,6 +36,7 @@ decode_timeout = 5
 plausibility = "flag"
 time_series = "reject"
 strict = true
+share = "group"
 
 [cache]
 l1_bytes = "1MB"
