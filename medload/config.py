@@ -36,6 +36,7 @@ from functools import cache
 from pathlib import Path
 
 from medload.errors import ConfigError
+from medload.storage.sharing import check_setting
 
 if typing.TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -119,6 +120,9 @@ class IngestConfig:
             recorded (``kept`` of its label record) and shown by ``ls``, ``info``, the catalog and
             ``verify``. 0 keeps any label that overlaps at all; 1 rejects every cut label.
         strict: a run that rejected anything exits non-zero.
+        share: who may read the store: ``"private"`` (its owner), ``"group"`` (the group of the store's
+            folder too) or ``"group:NAME"`` (group NAME); recorded in the store and kept by every later
+            writer (see :mod:`medload.storage.sharing`). None: the store's own setting (a new store: private).
 
     Examples:
         >>> from medload.ingest import ingest
@@ -144,9 +148,12 @@ class IngestConfig:
     time_series: str = "split"
     label_min_kept: float = 0.5
     strict: bool = False
+    share: str | None = None
 
     def __post_init__(self) -> None:
         _check_fields(self)
+        if self.share is not None:
+            check_setting(self.share)
         if self.tilt_policy not in ("reject", "shear"):
             raise ConfigError(f"tilt policy {self.tilt_policy!r}: use 'reject' or 'shear'")
         if self.workers is not None and self.workers < 1:

@@ -19,6 +19,7 @@ __all__ = [
     "ManifestDamagedError",
     "StoreTooNewError",
     "ShardUnavailableError",
+    "StorePermissionError",
     "InputProblem",
     "RemoteSourceError",
 ]
@@ -70,6 +71,10 @@ class ChecksumError(StoreError):
 
 class ManifestDamagedError(StoreFormatError):
     """``store.json`` is missing or does not parse, in a store directory (``medload repair`` restores it)."""
+
+
+class StorePermissionError(StoreError):
+    """A file of the store may not be read by this user: its owner shares it (``medload share``)."""
 
 
 class ShardUnavailableError(StoreError):

@@ -37,6 +37,7 @@ plausibility = "flag"
 time_series = "reject"
 label_min_kept = 0.25
 strict = true
+share = "group"
 
 [cache]
 l1_bytes = "1MB"

@@ -105,3 +105,30 @@ def _finish_and_check(script: str, store) -> None:
     records = open_store(store).series()
     assert sorted(r.shape[0] for r in records) == sorted(6 + s % 4 for s in range(SERIES))
     assert np.unique([r.digest for r in records]).size == SERIES
+
+
+def test_sigterm_stops_an_ingest_as_ctrl_c_does(tmp_path):
+    """SIGTERM (`kill PID`, a batch system's time limit) mid-ingest: what was committed is published, nothing is
+    left in staging, and the command ends in one line with exit 143 (it was killed on the spot before)."""
+    src = tmp_path / "src"
+    for s in range(SERIES):
+        make_series(src, SeriesSpec(n_slices=6 + s % 4, rows=64, cols=64), seed=70 + s, series_number=s + 1)
+    store = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-m", "medload.cli", "ingest", str(src), str(store), "--workers", "2",
+                             "--shard-bytes", "200000", "--no-progress"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for_writing(store, proc, set())
+        assert proc.poll() is None, "the ingest finished before it was seen writing"
+        os.killpg(proc.pid, signal.SIGTERM)  # the ingester and its decoding processes
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert err.splitlines() == ["error: terminated"]
+    assert not list((store / "staging").iterdir()), "the staging shard is published or removed"
+    assert len(_check(store)) < SERIES
+    _finish_and_check(textwrap.dedent(f"""
+        from medload.ingest import ingest
+        ingest({str(src)!r}, {str(store)!r})
+    """), store)

@@ -197,6 +197,38 @@ def test_a_task_that_ran_twice_is_published_once(tmp_path):
     assert [r.key for r in open_store(store).series()] == [record.key]
 
 
+@pytest.fixture(scope="module")
+def big_sources(tmp_path_factory) -> Path:
+    """Sixteen series of 48 slices of 192x192: some seconds of Dask tasks, so a signal lands mid-run."""
+    src = tmp_path_factory.mktemp("big") / "src"
+    make_study(src, _specs(16, 192, 48), seed=11)
+    return src
+
+
+@pytest.mark.parametrize(("signum", "line", "code"), [(signal.SIGINT, "error: interrupted", 130),
+                                                      (signal.SIGTERM, "error: terminated", 143)])
+def test_a_signal_stops_a_dask_ingest_with_one_line_and_a_clean_store(big_sources, tmp_path, signum, line, code):
+    """Ctrl-C (or SIGTERM to the process group, as `kill -TERM -PGID` or a batch system sends it) while tasks
+    write their shards: the workers neither print tracebacks nor get restarted, the run's staging directory
+    is removed, and the store verifies clean."""
+    store = tmp_path / "store"
+    proc = subprocess.Popen([*MEDLOAD, "ingest", str(big_sources), str(store), "--scheduler", "local:2",
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        while proc.poll() is None and not list(store.glob("staging/dask-*/*.lmdb")):  # a task is writing
+            time.sleep(0.01)
+        assert proc.poll() is None, "the ingest finished before a series task was seen writing"
+        os.killpg(proc.pid, signum)  # what the terminal does on Ctrl-C: every process of the ingest
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert [text for text in err.splitlines() if text.strip()] == [line], err  # click closes a ^C echo: a blank line
+    assert not list((store / "staging").iterdir()), "the run's staging directory is removed"
+    assert verify_store(store).ok
+
+
 def test_workers_that_cannot_isolate_decoding_are_refused(tmp_path):
     with dask.config.set({"distributed.worker.daemon": True}):
         daemonic = LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None)

@@ -115,6 +115,20 @@ def test_fetch_publishes_a_verified_copy_that_lmdb_reads(store, tmp_path):
     assert not list((tmp_path / "hot").glob("*.partial"))
 
 
+def test_a_copy_is_as_readable_as_the_shard_it_copies(store, tmp_path):
+    """A shard of a store shared with a group (0640, the group's) gives its copy the same; a private one 0600."""
+    entry = store.shards[1]
+    shared = tmp_path / "shared.mdb"
+    shutil.copyfile(store.source(1), shared)
+    shared.chmod(0o640)
+    group = os.getegid() if os.geteuid() else 4242  # root may give any group
+    os.chown(shared, -1, group)
+    copy = HotShards(tmp_path / "hot", 1 << 30).fetch(shared, entry)
+    assert copy is not None and (copy.stat().st_mode & 0o777, copy.stat().st_gid) == (0o640, group)
+    private = HotShards(tmp_path / "hot2", 1 << 30).fetch(store.source(1), entry)
+    assert private is not None and private.stat().st_mode & 0o777 == 0o600
+
+
 def test_shard_over_budget_and_wrong_size_copy_are_refused(store, tmp_path):
     hs = HotShards(tmp_path / "hot", store.shards[0].bytes - 1)
     assert hs.fetch(store.source(0), store.shards[0]) is None

@@ -8,6 +8,11 @@ directory holds copies of shards' ``data.mdb`` files::
     <hot_dir>/locks/<name>.lock   flock held by the one thread/process copying <name>
     <hot_dir>/.evict.lock         flock held while deciding what to evict and reserving room
 
+A copy is as readable as the shard it copies: the ``data.mdb`` of a store shared with a group (see
+:mod:`medload.storage.sharing`) gives its copy mode 0640 and its group, else the copy is owner-only (0600).
+The hot directory itself is created owner-only (0700) and its mode is never changed: give it ``g+rX``
+to let the group read the copies too.
+
 A copy is written to ``.partial`` while its xxh3-128 is computed, checked against ``store.json``, fsynced
 and renamed into place, so a reader never sees a partial. Recency is the copy's mtime (``path_of`` bumps it
 at most once a minute per process); the least recently used copies are evicted first. Deleting a copy that
@@ -33,6 +38,7 @@ import xxhash
 
 from medload.errors import ChecksumError, ConfigError, DiskFullError, MedloadError, StoreError
 from medload.storage.manifest import ShardEntry, fsync_dir
+from medload.storage.sharing import sharing_like
 from medload.storage.space import disk_full_is_error
 
 __all__ = ["HotEntry", "HotStatus", "HotShards"]
@@ -301,6 +307,7 @@ class HotShards:
         view = memoryview(buf)
         copied, start = 0, time.monotonic()
         with open(source, "rb", buffering=0) as src:
+            sharing_like(os.fstat(src.fileno())).fix_fd(out)
             while n := src.readinto(buf):
                 block = view[:n]
                 h.update(block)

@@ -16,7 +16,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from medload.allocator import keep_large_buffers_in_heap
-from medload.cli.failures import report
+from medload.cli.failures import report, stop_on_sigterm
 from medload.config import load_config, parse_size
 from medload.errors import ConfigError
 
@@ -133,6 +133,7 @@ def cli(ctx: click.Context, verbose: int, debug: bool, config_file: Path | None)
 def main() -> None:
     """Entry point of the ``medload`` console script: every error ends it as :mod:`medload.cli.failures` says."""
     keep_large_buffers_in_heap()  # our own process: slice-sized buffers are reused, not mapped anew each time
+    stop_on_sigterm()
     try:
         cli(standalone_mode=False)
     except SystemExit:

@@ -4,12 +4,15 @@ an exit code; the traceback too only when asked for (``-v`` or ``--debug``).
 Exit codes: 0 done; 1 done, but something needs attention (``verify`` found damage, ``ingest --strict``
 rejected inputs...); 2 an error stopped the command (a medload error, a bad option, a file that cannot
 be read or written, a full disk); 3 the store was written by a newer medload (upgrade medload: the store
-is not damaged); 70 an unexpected error, which is a bug to report; 130 interrupted.
+is not damaged); 70 an unexpected error, which is a bug to report; 130 interrupted (Ctrl-C, SIGINT); 143
+terminated (SIGTERM). A signal stops a command as an error does: what it had committed stays, what it had
+begun is tidied away.
 """
 
 from __future__ import annotations
 
 import errno
+import signal
 import sys
 import traceback
 
@@ -19,12 +22,13 @@ from rich.markup import escape
 
 from medload.errors import MedloadError, StoreTooNewError
 
-__all__ = ["ERROR", "TOO_NEW", "BUG", "INTERRUPTED", "report"]
+__all__ = ["ERROR", "TOO_NEW", "BUG", "INTERRUPTED", "TERMINATED", "Terminated", "stop_on_sigterm", "report"]
 
 ERROR = 2
 TOO_NEW = 3
 BUG = 70
 INTERRUPTED = 130
+TERMINATED = 128 + signal.SIGTERM
 
 _OS_ADVICE = {
     errno.ENOSPC: "free space there, then run the same command again",
@@ -39,12 +43,31 @@ _OS_ADVICE = {
 }
 
 
+class Terminated(BaseException):
+    """Raised in the main thread by SIGTERM (:func:`stop_on_sigterm`): it unwinds the command as Ctrl-C's
+    KeyboardInterrupt does, running the same clean-up. Not a KeyboardInterrupt, which click answers with a
+    blank line for the terminal's ``^C`` echo."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM, during the clean-up, ends the process at once
+    raise Terminated()
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM stop this process as Ctrl-C does (instead of ending it on the spot, leaving staging files)."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+
 def report(exc: BaseException, console: Console, *, show_traceback: bool) -> int:
     """Show ``exc`` as one ``error:`` line on ``console`` (after its traceback with ``show_traceback``);
     the exit code it ends the command with."""
     if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt)):
         _line(console, "interrupted")
         return INTERRUPTED
+    if isinstance(exc, Terminated):
+        _line(console, "terminated")
+        return TERMINATED
     if isinstance(exc, click.exceptions.NoArgsIsHelpError):  # `medload`, `medload cache`: the help it asks for
         exc.show()
         return exc.exit_code

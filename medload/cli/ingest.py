@@ -59,6 +59,9 @@ class _Source(click.Path):
                    "(default, flags t_01...), or reject the series.")
 @ingest_key_options
 @click.option("--strict", is_flag=True, default=None, help="Exit 1 if any input was rejected.")
+@click.option("--share", default=None, metavar="private|group|group:NAME",
+              help="Who may read STORE: its owner only (a new store's default), the group of its folder, or group "
+                   "NAME; recorded in the store and kept by every later write (`medload share` changes it).")
 @click.option("--labels", "label_paths", multiple=True, type=click.Path(exists=True, path_type=Path),
               help="Label masks (NIfTI/NRRD named after the SeriesInstanceUID or a key prefix), SEG/RTSTRUCT files, "
                    "or a mapping file (CSV/JSON with series,label). Repeatable. SEG/RTSTRUCT among SOURCES pair "
@@ -90,8 +93,8 @@ class _Source(click.Path):
 def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, workers: int | None,
            windows: str | None, codec: str | None, tilt_policy: str | None, shard_bytes: str | None,
            worker_memory: str | None, decode_timeout: float | None, plausibility: str | None,
-           time_series: str | None, key_file: KeyFile, strict: bool | None, label_paths: tuple[Path, ...],
-           label_min_kept: float | None, roi_map: Path | None,
+           time_series: str | None, key_file: KeyFile, strict: bool | None, share: str | None,
+           label_paths: tuple[Path, ...], label_min_kept: float | None, roi_map: Path | None,
            force_keys: tuple[str, ...], no_progress: bool, scheduler: str | None, query: str | None,
            credentials: Path | None, ca_bundle: Path | None, connections: int | None,
            spool_instances: int | None, calling_aet: str | None) -> None:
@@ -105,7 +108,7 @@ def ingest(config: MedloadConfig, sources: tuple[Path | str, ...], store: Path, 
                          windows=windows,  # "lung,soft_tissue": IngestConfig splits it
                          shard_bytes=size(shard_bytes), worker_memory=size(worker_memory),
                          decode_timeout=decode_timeout, plausibility=plausibility, time_series=time_series,
-                         label_min_kept=label_min_kept, strict=strict or None)
+                         label_min_kept=label_min_kept, strict=strict or None, share=share)
     remote = {"query": query, "credentials": credentials, "ca_bundle": ca_bundle, "connections": connections,
               "spool_instances": spool_instances, "calling_aet": calling_aet}
     if any(isinstance(s, str) for s in sources):

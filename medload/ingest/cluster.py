@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Literal, cast
@@ -107,7 +108,9 @@ def local_cluster(workers: int) -> Iterator[LocalCluster]:
     import dask
     from distributed import LocalCluster
 
-    with dask.config.set(_NOT_DAEMON):
+    # each worker process runs dask_setup below as it starts
+    preload = [*dask.config.get("distributed.worker.preload", default=[]), __name__]
+    with dask.config.set({**_NOT_DAEMON, "distributed.worker.preload": preload}):
         # ":0": the dashboard on a free port (its default, 8787, warns when another cluster holds it).
         # A failed task comes back to the ingest, which reports it (a failed row, or the error that stops
         # the run): the workers' own tracebacks of it show only with -v
@@ -118,6 +121,15 @@ def local_cluster(workers: int) -> Iterator[LocalCluster]:
             yield cluster
         finally:
             cluster.close()
+
+
+def dask_setup(worker) -> None:
+    """Preload of the worker processes of a LocalCluster medload starts: they ignore Ctrl-C and SIGTERM. The
+    terminal (or ``kill`` of the process group) sends them to every process of the ingest, and a worker stopped
+    mid-task prints its tracebacks, or is restarted by its nanny, with warnings; the ingest stops on either
+    signal and closes the cluster, whose nannies stop their workers (SIGKILL when they do not stop in time)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def slurm_cluster():

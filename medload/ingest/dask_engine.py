@@ -116,6 +116,7 @@ class DaskEngine:
 
     def __init__(self, scheduler: str, cfg: IngestConfig, key: bytes, store: Path) -> None:
         self.cfg = cfg
+        self._run_dir: Path | None = None  # staging/dask-<run>, once write() made it
         self._connection = connect(scheduler, cfg.worker_count)
         self.client = self._connection.__enter__()
         try:
@@ -133,7 +134,13 @@ class DaskEngine:
         self.close()
 
     def close(self) -> None:
-        self._connection.__exit__(None, None, None)
+        """Close the connection (and a cluster started for the run, stopping its workers), then remove the run's
+        directory: a task still running when the ingest stopped (Ctrl-C) writes there until its worker stops."""
+        try:
+            self._connection.__exit__(None, None, None)
+        finally:
+            if self._run_dir is not None:
+                shutil.rmtree(self._run_dir, ignore_errors=True)
 
     def headers(self, refs: list[SourceRef], report: IngestReport, progress: bool,
                 label_inputs: list[LabelInput]) -> list[SliceHeader]:
@@ -171,7 +178,7 @@ class DaskEngine:
             shutil.rmtree(old, ignore_errors=True)
         if not plans:
             return
-        run_dir = staging / f"dask-{self._run}"
+        run_dir = self._run_dir = staging / f"dask-{self._run}"
         run_dir.mkdir(mode=0o700)
         results: dict[int, _BatchResult] = {}
         futures: dict = {}
@@ -202,7 +209,6 @@ class DaskEngine:
                     advance(sum(len(p.geom.slots) for p in batch))
         finally:
             self.client.cancel(list(futures))
-            shutil.rmtree(run_dir, ignore_errors=True)
             for i in sorted(results):  # outcomes in plan order, as without Dask
                 report.series += results[i].series
                 report.rejects += results[i].rejects

@@ -122,7 +122,9 @@ def _serve(tasks: Connection, results: Connection, marker, memory: int, initiali
     # handler inherited from the parent (pytest enables one) would only dump every thread's stack.
     faulthandler.disable()
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor stops workers; Ctrl-C is for it
+    # the supervisor stops workers: Ctrl-C and SIGTERM (the CLI's handler of it is inherited) are for it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     initializer(*initargs)
     if memory:
         _limit_data(memory)

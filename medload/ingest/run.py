@@ -144,7 +144,7 @@ def _writer(root: Path, cfg: IngestConfig, pseudo: Pseudonymizer) -> Iterator[St
     with disk_full_is_error(root, "publish", "opening the store for writing (store.json, and publishing what an "
                                              "interrupted ingest left)"):
         writer = StoreWriter(root, codec=cfg.codec, windows=cfg.windows, key_fingerprint=pseudo.fingerprint,
-                             shard_bytes=cfg.shard_bytes)
+                             shard_bytes=cfg.shard_bytes, share=cfg.share)
     try:
         yield writer
     finally:

@@ -172,7 +172,7 @@ def _writer(store: str | Path, cfg: IngestConfig, pseudo: Pseudonymizer) -> Stor
     """The store's writer with this run's settings (creates the store, or checks it matches them)."""
     windows = tuple(w.name for w in win.parse_list(",".join(cfg.windows)))
     return StoreWriter(Path(store), codec=cfg.codec, windows=windows, key_fingerprint=pseudo.fingerprint,
-                       shard_bytes=cfg.shard_bytes)
+                       shard_bytes=cfg.shard_bytes, share=cfg.share)
 
 
 def _skip_stored(found: list[SeriesRef], store: Path, pseudo: Pseudonymizer, report: IngestReport) -> list[SeriesRef]:

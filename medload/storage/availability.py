@@ -15,7 +15,7 @@ from pathlib import Path
 
 import lmdb
 
-from medload.errors import ShardUnavailableError, StoreError
+from medload.errors import ShardUnavailableError, StoreError, StorePermissionError
 from medload.storage import shard as sh
 from medload.storage.live import LiveRecords, ShardRecords, lost_shard, read_shard
 from medload.storage.manifest import Manifest, ShardEntry, shard_path
@@ -65,6 +65,8 @@ def read_shards(root: Path, manifest: Manifest, down: dict[str, str] | None = No
                 check_keys(entry, found)
                 shards.append(found)
                 continue
+            except StorePermissionError:  # not damage: the store is not shared with this user
+                raise
             except (StoreError, lmdb.Error) as exc:
                 down[entry.name] = str(exc)
                 if (root, entry.name, str(exc)) not in _warned:

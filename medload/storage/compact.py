@@ -40,6 +40,7 @@ from medload.storage.manifest import (
     shard_path,
     write_manifest,
 )
+from medload.storage.sharing import Sharing
 from medload.storage.verify import verify_store
 from medload.storage.writer import StoreWriter, _new_shard_name
 
@@ -102,7 +103,7 @@ def compact_store(store: str | Path, *, progress: bool = False) -> CompactReport
         live = merge(records[e.name] for e in manifest.shards)
         held = {name: set(s.series) | set(s.labels) | {key for _, key in s.broken} for name, s in records.items()}
         for name in [e.name for e in manifest.shards if live.superseded.get(e.name)]:
-            result.shards.append(_replace(root, manifest, name, live, held))
+            result.shards.append(_replace(root, manifest, name, live, held, writer.sharing))
         result.bytes_after = _bytes(manifest)
     return result
 
@@ -111,9 +112,10 @@ def _bytes(manifest: Manifest) -> int:
     return sum(e.bytes for e in manifest.shards)
 
 
-def _replace(root: Path, manifest: Manifest, old: str, live: LiveRecords, held: dict[str, set[bytes]]
-             ) -> ShardCompaction:
-    """Replace shard ``old`` by a copy of its live content (the steps of :mod:`compact_journal`)."""
+def _replace(root: Path, manifest: Manifest, old: str, live: LiveRecords, held: dict[str, set[bytes]],
+             sharing: Sharing) -> ShardCompaction:
+    """Replace shard ``old`` by a copy of its live content (the steps of :mod:`compact_journal`), its files
+    with the modes of the store's ``sharing``."""
     at = next(i for i, e in enumerate(manifest.shards) if e.name == old)
     entry, old_path = manifest.shards[at], shard_path(root, old)
     series = {k for k, r in live.series.items() if r.shard == old}
@@ -123,12 +125,13 @@ def _replace(root: Path, manifest: Manifest, old: str, live: LiveRecords, held: 
     build = build_path(root, built)
     # None: the copy holds nothing live, so the shard is dropped, not replaced
     new = built if _copy(sh.reader_env(old_path), build, series, labels, earlier, entry.bytes) else None
-    write_journal(root, old, new)
+    write_journal(root, old, new, sharing)
     log.debug("compact %s: journal written", old)
     if new is None:
         del manifest.shards[at]
     else:
         target = shard_path(root, new)
+        sharing.apply(build)
         build.rename(target)
         fsync_dir(target.parent)
         log.debug("compact %s: %s moved into shards/", old, new)

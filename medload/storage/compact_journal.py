@@ -26,6 +26,7 @@ from pathlib import Path
 
 from medload.errors import StoreFormatError
 from medload.storage.manifest import Manifest, fsync_dir, shard_path, write_file_atomic
+from medload.storage.sharing import Sharing
 
 __all__ = ["build_path", "write_journal", "remove_journal", "finish_interrupted"]
 
@@ -40,9 +41,9 @@ def build_path(root: Path, name: str) -> Path:
     return root / "staging" / f"{name}{_BUILD_SUFFIX}"
 
 
-def write_journal(root: Path, old: str, new: str | None) -> None:
+def write_journal(root: Path, old: str, new: str | None, sharing: Sharing) -> None:
     """Step 2: record that shard ``old`` is being replaced by ``new`` (None: removed)."""
-    write_file_atomic(root / _JOURNAL, json.dumps({"old": old, "new": new}).encode())
+    write_file_atomic(root / _JOURNAL, json.dumps({"old": old, "new": new}).encode(), sharing)
 
 
 def remove_journal(root: Path) -> None:

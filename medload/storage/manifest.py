@@ -9,7 +9,8 @@ A store is a directory::
     writer.lock         flock held by the one writer
 
 Readers trust only the shards this manifest lists. It is replaced atomically (temporary file, fsync,
-rename, fsync of the directory), so a crash leaves either the old or the new manifest.
+rename, fsync of the directory), so a crash leaves either the old or the new manifest. ``share`` says who
+may read the store (see :mod:`medload.storage.sharing`); every file written here gets its modes.
 
 Version 3 lists, per shard, the keys of the series, labels and replacement markers it holds
 (:class:`ShardKeys`), so that a shard that cannot be read still says which series it held: a reader
@@ -33,8 +34,10 @@ from medload.errors import (
     MedloadError,
     StoreError,
     StoreFormatError,
+    StorePermissionError,
     StoreTooNewError,
 )
+from medload.storage.sharing import PRIVATE, Sharing, check_setting, reconciled_setting, share_command, sharing_of
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry", "ShardKeys", "read_manifest",
            "write_manifest", "restore_manifest", "manifest_path", "backup_path", "shard_path", "staging_path",
@@ -90,6 +93,8 @@ class Manifest:
     created_by: str
     shards: list[ShardEntry] = field(default_factory=list)
     version: int = FORMAT_VERSION
+    #: who may read the store (:mod:`medload.storage.sharing`); None: not recorded (an earlier medload)
+    share: str | None = None
 
     def to_json(self) -> str:
         doc = {"format": FORMAT_NAME, **asdict(self)}
@@ -121,9 +126,12 @@ class Manifest:
                 created_by=doc["created_by"],
                 shards=[ShardEntry.from_dict(s) for s in doc["shards"]],
                 version=doc["version"],
+                share=None if doc.get("share") is None else check_setting(doc["share"]),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestDamagedError(f"{where} lacks or mangles field {exc}: the store manifest is damaged") from None
+        except MedloadError as exc:
+            raise ManifestDamagedError(f"{where}: {exc}: the store manifest is damaged") from None
 
 
 def file_digest(path: Path, chunk: int = 8 << 20) -> str:
@@ -188,6 +196,9 @@ def read_manifest(root: Path) -> Manifest:
         if backup_path(root).is_file():
             raise ManifestDamagedError(f"{path} is missing: {restore}") from None
         raise StoreFormatError(f"{root} is not a medload store (no store.json): create it with `medload ingest`") from None
+    except PermissionError:
+        raise StorePermissionError(f"cannot read {path}: permission denied: the store is not shared with you; ask "
+                                   f"its owner to run {share_command(root)} with a group you are in") from None
     try:
         return Manifest.from_json(text, path)
     except ManifestDamagedError as exc:
@@ -206,11 +217,13 @@ def replaced(root: Path, entry: ShardEntry) -> bool:
     return not any(s.name == entry.name and s.digest == entry.digest for s in current.shards)
 
 
-def write_file_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably; the file is owner-only (0600)."""
+def write_file_atomic(path: Path, data: bytes, sharing: Sharing | None = None) -> None:
+    """Replace ``path`` with ``data`` atomically and durably; the file has the modes of ``sharing`` (default:
+    owner-only, 0600)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
+            (sharing or Sharing(PRIVATE, None)).fix_fd(out.fileno())
             out.write(data)  # all of it, or an error (a bare os.write stops short on a full disk)
             out.flush()
             os.fsync(out.fileno())
@@ -231,11 +244,15 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:
-    """Atomically replace ``store.json``, in this medload's format version, then its copy."""
+    """Atomically replace ``store.json``, in this medload's format version and with the modes of its share
+    setting (recorded now if it was not: see :func:`~medload.storage.sharing.reconciled_setting`), then its copy."""
     manifest.version = FORMAT_VERSION
+    if manifest.share is None:
+        manifest.share = reconciled_setting(None, manifest_path(root))
+    sharing = sharing_of(root, manifest.share)
     data = manifest.to_json().encode()
-    write_file_atomic(manifest_path(root), data)
-    write_file_atomic(backup_path(root), data)
+    write_file_atomic(manifest_path(root), data, sharing)
+    write_file_atomic(backup_path(root), data, sharing)
 
 
 def restore_manifest(root: Path) -> bool:
@@ -250,8 +267,8 @@ def restore_manifest(root: Path) -> bool:
         if not backup_path(root).is_file():
             raise
     data = backup_path(root).read_bytes()
-    Manifest.from_json(data.decode(errors="replace"), backup_path(root))  # refuses a damaged copy too
-    write_file_atomic(manifest_path(root), data)
+    copy = Manifest.from_json(data.decode(errors="replace"), backup_path(root))  # refuses a damaged copy too
+    write_file_atomic(manifest_path(root), data, sharing_of(root, reconciled_setting(copy.share, backup_path(root))))
     return True
 
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 from pathlib import Path
 
 import lmdb
 
-from medload.errors import ShardUnavailableError
+from medload.errors import ShardUnavailableError, StorePermissionError
+from medload.storage.sharing import share_command
 from medload.storage.space import allocate_lock_file
 from medload.storage.value_reads import forget
 
@@ -67,12 +69,23 @@ def open_read_env(path: Path, expected_bytes: int | None = None) -> lmdb.Environ
     """Open a published (immutable) shard for reading: a shard directory, or a single-file copy of
     its ``data.mdb`` (as the hot-shard tier keeps them). With ``expected_bytes`` (what ``store.json``
     records), a file of another size is not opened at all. :class:`ShardUnavailableError` says why a
-    shard cannot be opened: missing, another size, not an LMDB file, fewer pages than LMDB counts."""
+    shard cannot be opened: missing, another size, not an LMDB file, fewer pages than LMDB counts;
+    :class:`StorePermissionError` that this user may not read it (the shard is fine: its owner shares it)."""
     single_file = path.suffix == ".mdb"
     data = path if single_file else path / "data.mdb"
-    if not data.is_file():
-        raise ShardUnavailableError(f"{data.name} is missing")
-    size = data.stat().st_size
+    try:
+        info = os.stat(data)
+    except FileNotFoundError:
+        raise ShardUnavailableError(f"{data.name} is missing") from None
+    except PermissionError:
+        info = None
+    if info is None or not os.access(data, os.R_OK):
+        whose = "its owner to give it g+r" if single_file else (
+            f"the store's owner to run {share_command(path.parent.parent)} with a group you are in")
+        raise StorePermissionError(f"cannot read {data}: permission denied: ask {whose}")
+    if not stat.S_ISREG(info.st_mode):
+        raise ShardUnavailableError(f"{data.name} is missing (not a file)")
+    size = info.st_size
     if expected_bytes is not None and size != expected_bytes:
         raise ShardUnavailableError(f"{data.name} has {size} bytes, store.json records {expected_bytes} (truncated or "
                                     "replaced); it is not opened, as reading past its end would kill the reader")

@@ -65,6 +65,7 @@ from medload.storage.manifest import (
     write_manifest,
 )
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
+from medload.storage.sharing import PRIVATE, reconciled_setting, sharing_of
 from medload.storage.space import disk_full_is_error
 from medload.version import __version__
 
@@ -145,10 +146,14 @@ class StoreWriter:
         key_fingerprint: fingerprint of the pseudonymisation key; a store refuses a different key,
             since the same patient would otherwise get two pseudonyms.
         shard_bytes: a staging shard is published and a new one started once it exceeds this size.
+        share: who may read the store (``private``, ``group``, ``group:NAME``; see
+            :mod:`medload.storage.sharing`), recorded in ``store.json``; None: keep the store's (a new store:
+            ``private``). Every file and folder of the store gets its modes when the writer opens it, and every
+            file the writer creates, as it is published.
     """
 
     def __init__(self, root: Path, *, codec: str, windows: tuple[str, ...], key_fingerprint: str,
-                 shard_bytes: int = 4 << 30) -> None:
+                 shard_bytes: int = 4 << 30, share: str | None = None) -> None:
         self.root = Path(root)
         self.shard_bytes = shard_bytes
         check_store_folder(self.root)
@@ -156,7 +161,9 @@ class StoreWriter:
         #: shards published but missing from store.json that this writer added to it (see :meth:`_recover`)
         self.adopted: list[str] = []
         try:
-            self.manifest = self._open_or_create(codec, windows, key_fingerprint)
+            self.manifest = self._open_or_create(codec, windows, key_fingerprint, share)
+            self.sharing = sharing_of(self.root, self.manifest.share or PRIVATE)
+            self.sharing.apply(self.root)
             self._recover()
             self.series_fingerprints: dict[bytes, str] = {}
             self.label_fingerprints: dict[bytes, str] = {}
@@ -199,12 +206,13 @@ class StoreWriter:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def _open_or_create(self, codec: str, windows: tuple[str, ...], key_fingerprint: str) -> Manifest:
+    def _open_or_create(self, codec: str, windows: tuple[str, ...], key_fingerprint: str,
+                        share: str | None) -> Manifest:
         for sub in ("shards", "staging"):
             (self.root / sub).mkdir(mode=0o700, exist_ok=True)
         if not manifest_path(self.root).exists() and not backup_path(self.root).exists():
             manifest = Manifest(codec=codec, windows=tuple(windows), key_fingerprint=key_fingerprint,
-                                created_by=f"medload {__version__}")
+                                created_by=f"medload {__version__}", share=share or PRIVATE)
             write_manifest(self.root, manifest)
             log.info("created store %s (codec %s, windows %s)", self.root, codec, ",".join(windows) or "none")
             return manifest
@@ -215,6 +223,11 @@ class StoreWriter:
                 f"{self.root} stores codec {manifest.codec} and windows {list(manifest.windows)}; this run asks "
                 f"for codec {codec} and windows {list(windows)}: keep the store's settings or ingest into a new store"
             )
+        kept = share or reconciled_setting(manifest.share, manifest_path(self.root))
+        if kept != manifest.share:
+            log.info("store %s: share setting %s -> %s", self.root, manifest.share, kept)
+            manifest.share = kept
+            write_manifest(self.root, manifest)
         return manifest
 
     def _recover(self) -> None:
@@ -392,6 +405,7 @@ class StoreWriter:
     def _publish_path(self, name: str, path: Path) -> None:
         with disk_full_is_error(self.root, "publish", f"publishing shard {name}"):
             (path / "lock.mdb").unlink(missing_ok=True)
+            self.sharing.apply(path)
             target = shard_path(self.root, name)
             os.replace(path, target)
             fsync_dir(target.parent)
@@ -444,6 +458,7 @@ class StoreWriter:
         entry = next(e for e in self.manifest.shards if e.name == name)
         source, target = shard_path(self.root, name), retired_path(self.root, name)
         target.parent.mkdir(mode=0o700, exist_ok=True)
+        self.sharing.apply(target.parent)
         note = target.with_suffix(".json")
         if not target.exists() or not note.exists():
             doc = {"shard": name, "retired": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -451,10 +466,11 @@ class StoreWriter:
                    "series": "stored again in other shards" if entry.keys else "not listed in store.json (format 2): "
                              "every series of the sources that the store lacked was ingested",
                    "files": "what was left of it is next to this note" if source.exists() else "none were left"}
-            write_file_atomic(note, (json.dumps(doc, indent=1) + "\n").encode())
+            write_file_atomic(note, (json.dumps(doc, indent=1) + "\n").encode(), self.sharing)
         if source.exists():
             sh.close_reader_envs([source])
             os.replace(source, target)
+            self.sharing.apply(target)
             fsync_dir(target.parent)
             fsync_dir(source.parent)
         self.manifest.shards = [e for e in self.manifest.shards if e.name != name]
