@@ -124,11 +124,12 @@ class LabelRecord:
 class RejectRecord:
     """An input that was not ingested, and why.
 
-    ``status`` is ``"rejected"`` (broken, or refused by a correctness policy) or ``"skipped"`` (valid
-    DICOM that is not a volume: localizer, secondary capture, report...). ``stage`` says where it was
+    ``status`` is ``"rejected"`` (broken, or refused by a correctness policy), ``"skipped"`` (valid
+    DICOM that is not a volume: localizer, secondary capture, report...) or ``"ignored"`` (not DICOM at
+    all: text, JSON, NIfTI, PNG...; see :mod:`medload.ingest.sniff`). ``stage`` says where it was
     decided (``retrieve`` for a DICOMweb source, ``discover``, ``header``, ``series``, ``geometry``, ``decode``,
     ``plausibility``). ``sha256`` is that of the input's bytes where medload could read them (not for
-    links, nor for archive members refused unread).
+    links, nor for archive members refused unread, nor for zero-filled files over 1 MiB, not read in full).
 
     Examples:
         >>> r = store.rejects()[0]

@@ -215,7 +215,8 @@ class Store:
                                                      f"`medload ls {self.path}`")
 
     def rejects(self, *, include_skipped: bool = True) -> list[RejectRecord]:
-        """Quarantine records: inputs that were rejected (and, by default, skipped), sorted by source."""
+        """Quarantine records: inputs that were rejected (and, by default, those skipped and those ignored as
+        not DICOM), sorted by source."""
         out: list[RejectRecord] = []
         down = {u.shard for u in self.unavailable()}
         for entry in self.manifest.shards:
@@ -228,7 +229,7 @@ class Store:
                 if sh.REJECTS in dbs:
                     out.extend(RejectRecord.from_json(bytes(v)) for v in txn.cursor(db=dbs[sh.REJECTS]).iternext(keys=False))
         if not include_skipped:
-            out = [r for r in out if r.status != "skipped"]
+            out = [r for r in out if r.status == "rejected"]
         return sorted(out, key=lambda r: (r.source, r.stage, r.reason))
 
     def items(self, *, context: int | None = None, depth: int | None = None, stride: int | None = None,
