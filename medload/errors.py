@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "MedloadError",
     "ConfigError",
+    "NoDicomError",
     "StoreError",
     "StoreFormatError",
     "StoreLockedError",
@@ -39,6 +40,11 @@ class MedloadError(Exception):
 
 class ConfigError(MedloadError, ValueError):
     """An option or argument has a value medload cannot use."""
+
+
+class NoDicomError(ConfigError):
+    """The sources of an ingest hold no DICOM input (only files that are not DICOM, or none): nothing was
+    written, and no store was created."""
 
 
 class StoreError(MedloadError):

@@ -14,6 +14,7 @@ import glob
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -135,7 +136,7 @@ def test_every_bad_input_is_quarantined_with_path_hash_stage_and_reason(run):
             missing.append(f"{bad.kind}: {bad.name}")
             continue
         for r in records:
-            assert r["status"] == "rejected" and r["stage"] in STAGES and r["reason"], (bad, r)
+            assert r["status"] == bad.status and r["stage"] in STAGES and r["reason"], (bad, r)
         if bad.sha256 is not None:
             assert any(r["sha256"] == bad.sha256 for r in records), (bad, records)
     assert not missing, "\n".join(missing)
@@ -183,3 +184,29 @@ def test_nothing_is_written_outside_the_store(run):
     assert outside == {str(run["key"])}, sorted(outside)
     assert all(p.startswith(world) for p in changed)
     assert not glob.glob(f"/dev/shm/medload-ring-{run['usage']['pid']}-*")
+
+
+def test_zero_filled_files_each_get_a_record_and_a_count(tmp_path):
+    """Files of zeros (one sparse, 2 GiB: a hole that costs no disk) and a CT slice whose first 512 bytes
+    are zero were taken for empty tar archives and vanished: each is now rejected with a reason and counted."""
+    src = tmp_path / "src"
+    shutil.copytree(TESTS / "data" / "ge_ct_3slice_seg" / "ct-3slice", src / "ct")
+    (src / "zeros.dcm").write_bytes(bytes(1 << 20))
+    with open(src / "sparse.dcm", "wb") as file:
+        file.truncate(2 << 30)
+    slice_ = bytearray((src / "ct" / "02.dcm").read_bytes())
+    slice_[:512] = bytes(512)
+    (src / "zeroed.dcm").write_bytes(bytes(slice_))
+    store = tmp_path / "store"
+    proc = subprocess.run([sys.executable, "-m", "medload.cli", "ingest", src, store, "--workers", "1", "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "series: 1 ingested" in proc.stdout and "files: 0 skipped, 3 rejected, 0 ignored" in proc.stdout
+    rejects = json.loads(subprocess.run([sys.executable, "-m", "medload.cli", "rejects", store, "--json"],
+                                        capture_output=True, text=True, check=True).stdout)
+    assert {Path(r["source"]).name: (r["status"], r["stage"], r["reason"], r["sha256"]) for r in rejects} == {
+        "zeros.dcm": ("rejected", "discover", f"zero-filled: all {1 << 20} bytes are zero",
+                      hashlib.sha256(bytes(1 << 20)).hexdigest()),
+        "sparse.dcm": ("rejected", "discover", f"zero-filled: all {2 << 30} bytes are zero", None),  # not read
+        "zeroed.dcm": ("rejected", "discover", "damaged: the first 512 bytes are zero (DICOM preamble and header "
+                                               "zeroed)", hashlib.sha256(slice_).hexdigest())}

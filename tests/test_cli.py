@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import sys
 import nibabel as nib
 import numpy as np
 import pytest
-from conftest import DATA, PHILIPS
+from conftest import DATA, PHILIPS, file_hashes
 
 MEDLOAD = [sys.executable, "-m", "medload.cli"]
 
@@ -71,9 +73,12 @@ def test_rejects_json_and_all(store):
 def test_strict_makes_rejections_an_error(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(DATA / "ge_ct_3slice_seg" / "ct-3slice", src)
-    (src / "junk.txt").write_text("hello")
-    assert medload("ingest", src, tmp_path / "a", "--no-progress").returncode == 0
-    proc = medload("ingest", src, tmp_path / "b", "--strict", "--no-progress", check=False)
+    (src / "junk.txt").write_text("hello")  # not DICOM: ignored, which --strict lets pass
+    assert medload("ingest", src, tmp_path / "a", "--strict", "--no-progress").returncode == 0
+    good = (src / "01.dcm").read_bytes()
+    (src / "cut.dcm").write_bytes(good[: len(good) // 2])
+    assert medload("ingest", src, tmp_path / "b", "--no-progress").returncode == 0
+    proc = medload("ingest", src, tmp_path / "c", "--strict", "--no-progress", check=False)
     assert proc.returncode == 1 and "1 ingested" in proc.stdout
 
 
@@ -133,3 +138,91 @@ def test_cache_warm_over_budget_says_sizes_that_differ(store, tmp_path):
     line = " ".join(proc.stderr.split())
     assert proc.returncode != 0 and "raise --hot-budget" in line, line
     assert f"{budget:,} bytes" in line and "but the hot budget is" in line, line
+
+
+def _not_dicom_files(folder):
+    """What lies next to DICOM in real exports: notes, a licence, JSON, a NIfTI volume."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "README.md").write_text("# Export\nSeries from the PACS, see the ticket.\n")
+    (folder / "LICENSE").write_text("Permission is hereby granted, free of charge...\n")
+    (folder / "meta.json").write_text(json.dumps({"Modality": "CT", "slices": 3}))
+    nib.save(nib.Nifti1Image(np.zeros((4, 4, 4), np.int16), np.eye(4)), folder / "scan.nii")
+    return 4
+
+
+def test_sources_without_dicom_are_an_error_that_creates_no_store(tmp_path, store):
+    docs = tmp_path / "docs"
+    _not_dicom_files(docs)
+    new = tmp_path / "stores" / "new"
+    proc = medload("ingest", docs, new, "--no-progress", check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    message = " ".join(proc.stderr.split())
+    assert f"error: no DICOM found in {docs}: 4 ignored, e.g. {docs}/LICENSE (not DICOM: text)" in message
+    assert not new.exists() and not (tmp_path / "stores").exists() or list((tmp_path / "stores").iterdir()) == []
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert medload("ingest", docs, empty, "--no-progress", check=False).returncode == 2
+    assert list(empty.iterdir()) == []  # the folder given stays, and stays empty
+    before = {k: v for k, v in file_hashes(store).items() if not k.endswith("writer.lock")}
+    proc = medload("ingest", docs, store, "--windows", "brain,lung", "--no-progress", check=False)
+    assert proc.returncode == 2 and "no DICOM found" in proc.stderr
+    assert {k: v for k, v in file_hashes(store).items() if not k.endswith("writer.lock")} == before
+
+
+def test_files_not_dicom_are_counted_as_ignored_apart_from_rejected_ones(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(DATA / "ge_ct_3slice_seg" / "ct-3slice", src / "ct")
+    _not_dicom_files(src / "docs")
+    good = (src / "ct" / "01.dcm").read_bytes()
+    (src / "cut.dcm").write_bytes(good[: len(good) // 2])
+    proc = medload("ingest", src, tmp_path / "s", "--strict", "--no-progress", check=False)
+    assert proc.returncode == 1  # the damaged file, not the others
+    assert "files: 0 skipped, 1 rejected, 4 ignored (not DICOM)" in proc.stdout
+    assert f"ignored 3 file(s): not DICOM: text  [e.g. {src}/docs/LICENSE]" in proc.stdout
+    assert f"ignored 1 file(s): not DICOM: NIfTI-1 image  [e.g. {src}/docs/scan.nii]" in proc.stdout
+    records = json.loads(medload("rejects", tmp_path / "s", "--json", "--all").stdout)
+    assert sorted((r["status"], r["source"].rsplit("/", 1)[1]) for r in records) == [
+        ("ignored", "LICENSE"), ("ignored", "README.md"), ("ignored", "meta.json"), ("ignored", "scan.nii"),
+        ("rejected", "cut.dcm")]
+    out = " ".join(medload("rejects", tmp_path / "s").stdout.split())
+    assert "1 rejected input(s); 4 ignored (not DICOM); --all lists them too" in out and "LICENSE" not in out
+
+
+def test_the_summary_never_breaks_a_word_or_a_number_across_lines(tmp_path):
+    """Not in a terminal (a log, a pipe), nothing is wrapped: each quantity and each example path stays whole."""
+    src = tmp_path / "src"
+    shutil.copytree(DATA / "ge_ct_3slice_seg" / "ct-3slice", src / "ct")
+    deep = src.joinpath(*[f"folder_with_a_long_name_{i:02d}" for i in range(8)])
+    deep.mkdir(parents=True)
+    (deep / "notes.txt").write_text("see the PACS\n")
+    proc = medload("ingest", src, tmp_path / "s", "--no-progress")
+    lines = proc.stdout.splitlines()
+    assert any(re.search(r"\d+ files, [\d.]+ MB in [\d.]+ s \(\d+ files/s, \d+ MB/s\)", line) for line in lines), lines
+    assert any(f"[e.g. {deep}/notes.txt]" in line for line in lines), lines
+    assert any("files: 0 skipped, 0 rejected, 1 ignored (not DICOM)" in line for line in lines), lines
+
+
+def test_the_summary_wraps_a_terminal_only_between_words(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    import medload.cli.ingest as cli_ingest
+    from medload.ingest.report import IngestReport, SeriesOutcome
+    from medload.storage.records import RejectRecord
+
+    report = IngestReport(store="stores/ct", files=123456, bytes=98765432100, seconds=1234.5)
+    report.series.append(SeriesOutcome("ab" * 16, "ingested", "CT", 300, (300, 512, 512)))
+    report.rejects += [RejectRecord("ignored", "discover", "not DICOM: text", "/export/README.md"),
+                       RejectRecord("rejected", "header", "truncated file: element (7FE0,0010) declares 524288 bytes",
+                                    "/export/series_0001/IM000123.dcm")]
+    out = io.StringIO()
+    monkeypatch.setattr(cli_ingest, "console", Console(file=out, width=44, force_terminal=True, color_system=None))
+    cli_ingest._print_ingest_summary(report)
+    text = out.getvalue()
+    words = " ".join(text.split())
+    for whole in ("123456 files", "98765.4 MB", "1234.5 s", "100 files/s", "80 MB/s", "/export/series_0001/IM000123.dcm",
+                  "1 ingested, 0 already present", "0 skipped, 1 rejected, 1 ignored"):
+        assert whole in words, whole
+    assert all(len(line) <= 44 for line in text.splitlines())
+    tokens = set(" ".join([*(r.reason for r in report.rejects), *(r.source for r in report.rejects)]).split())
+    printed = set(re.split(r"[\s\[\]]+", text))
+    assert "(7FE0,0010)" in tokens and tokens <= printed, tokens - printed  # no word cut in two

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import multiprocessing
 import os
@@ -20,7 +21,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from medload.errors import ConfigError, InputProblem
-from medload.ingest.discover import ArchiveLimits, DiscoveryProblem, SourceRef, discover, open_source, read_source
+from medload.ingest.archives import tar_header
+from medload.ingest.discover import (
+    ArchiveLimits,
+    DiscoveryProblem,
+    SourceRef,
+    discover,
+    open_source,
+    problem_sha256,
+    read_source,
+)
 
 
 def dcm(tag: str, extra: bytes = b"") -> bytes:
@@ -311,13 +321,15 @@ def test_damaged_archives_do_not_raise(tmp_path: Path) -> None:
     write(src / "cut.tar", whole_tar[: len(whole_tar) * 3 // 8])
     write(src / "notar.gz", gzip.compress(b"")[:10] + b"\xff" * 50)  # deflate block of the reserved type
     write(src / "nifti.nii.gz", gzip.compress(b"\x5c\x01\x00\x00" + bytes(400)))
+    write(src / "image.gz", gzip.compress(b"\x5c\x01\x00\x00" + bytes(400)))
     refs, problems = run(src, spool_dir=spool)
     archive_problems = {Path(p.path).name: p.reason for p in problems if p.member is None}
     assert archive_problems["cut.zip"].startswith("damaged zip archive")
     for name in ["cut.tgz", "flipped.tgz", "notar.gz"]:  # compressed tars are rejected as a whole
         assert archive_problems[name].startswith("damaged tar.gz archive: ")
     assert "CRC" in archive_problems["flipped.tgz"]
-    assert archive_problems["nifti.nii.gz"] == "gz data that is not a tar archive"
+    assert archive_problems["nifti.nii.gz"] == "not DICOM: a .nii.gz file"  # told by its name: not decompressed
+    assert archive_problems["image.gz"] == "gz data that is not a tar archive"
     cut_tar = {p.member: p.reason for p in problems if Path(p.path).name == "cut.tar"}
     assert cut_tar == {"m1.dcm": "member data truncated (archive cut short)",
                        None: "damaged tar archive: unexpected end of data"}
@@ -407,6 +419,10 @@ def test_every_safe_member_once_every_unsafe_member_reported_once(names: list[st
     with tempfile.TemporaryDirectory() as folder:
         path = make_archive(Path(folder) / "prop", "zip" if as_zip else "", {n: dcm(n) for n in names})
         refs, problems = run(path)
+        if not names:  # an empty archive is reported (an empty tar is nothing but zero bytes)
+            assert refs == [] and [p.reason.split(":")[0] for p in problems] == [
+                "zip archive without files" if as_zip else "zero-filled"]
+            return
         assert Counter(r.member for r in refs) == Counter(set(names) - unsafe)
         assert Counter(p.member for p in problems) == Counter(unsafe)
         assert all(p.reason.startswith("unsafe member path") for p in problems)
@@ -428,3 +444,102 @@ def test_replaced_archive_is_reopened(tmp_path: Path) -> None:
     replacement = make_zip(tmp_path / "b.zip", {"pad": b"p" * 100, "x.dcm": dcm("second")})
     os.replace(replacement, path)
     assert read_source(ref) == dcm("second")
+
+
+def nifti1(size: int = 400) -> bytes:
+    """A NIfTI-1 single file: sizeof_hdr 348, magic "n+1" at 344, data from 352."""
+    head = bytearray(352)
+    head[0:4] = (348).to_bytes(4, "little")
+    head[344:348] = b"n+1\0"
+    return bytes(head) + bytes(size)
+
+
+def test_files_plainly_not_dicom_are_ignored_apart_from_damaged_dicom(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    ignored = {"README.md": b"# Export\nSee the PACS.\n", "LICENSE": "Licence \u00e9t\u00e9\n".encode() * 40,
+               "meta.json": b'{"Modality": "CT"}', "scan.nii": nifti1(), "shot.png": b"\x89PNG\r\n\x1a\n" + bytes(64),
+               "photo.jpg": b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(64), "report.pdf": b"%PDF-1.4\n%\xe2\xe3\n",
+               "notes.txt": "\ufeffnotes".encode("utf-16"), "weights.npy": b"\x05\x01\x02" + os.urandom(300)}
+    for name, data in ignored.items():
+        write(src / name, data)
+    make_zip(src / "slides.pptx", {"ppt/slide1.xml": b"<p/>"})  # an office document is a zip: told by its name
+    candidates = {"cut.dcm": dcm("cut")[:130],               # damaged DICOM: cut inside "DICM", not text
+                  "raw.txt": b"\x08\x00\x05\x00CS\x0a\x00ISO_IR 100",  # a dataset without preamble, whatever its name
+                  "noise.dcm": b"\x01\x02" + os.urandom(500)}
+    for name, data in candidates.items():
+        write(src / name, data)
+    make_zip(src / "export.zip", {"a.dcm": dcm("a"), "README.txt": b"exported by the PACS\n", "img.nii": nifti1()})
+    refs, problems = run(src)
+    assert sorted(r.display.split(str(src) + "/")[1] for r in refs) == ["cut.dcm", "export.zip!a.dcm", "noise.dcm",
+                                                                       "raw.txt"]
+    found = {p.display.split(str(src) + "/")[1]: p for p in problems}
+    assert set(found) == {*ignored, "slides.pptx", "export.zip!README.txt", "export.zip!img.nii"}
+    assert all(p.ignored and p.status == "ignored" and p.reason.startswith("not DICOM: ") for p in found.values())
+    assert {name: found[name].reason for name in ("README.md", "LICENSE", "notes.txt", "scan.nii", "shot.png",
+                                                  "slides.pptx", "weights.npy")} == {
+        "README.md": "not DICOM: text", "LICENSE": "not DICOM: text", "notes.txt": "not DICOM: text",
+        "scan.nii": "not DICOM: NIfTI-1 image", "shot.png": "not DICOM: PNG image",
+        "slides.pptx": "not DICOM: a .pptx file", "weights.npy": "not DICOM: a .npy file"}
+    assert problem_sha256(found["meta.json"]) == hashlib.sha256(ignored["meta.json"]).hexdigest()
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read(2)-like calls (``rchar`` of /proc/self/io): holes count too."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="counts bytes read with Linux's /proc/self/io")
+def test_zero_filled_files_are_rejected_without_reading_them_all(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write(src / "zeros_1mib.dcm", bytes(1 << 20))
+    write(src / "zeros_100.dcm", bytes(100))
+    sparse = src / "sparse_2gib.dcm"
+    with open(sparse, "wb") as file:  # a 2 GiB hole: no disk used
+        file.truncate(2 << 30)
+    late = src / "late_data.dcm"
+    with open(late, "wb") as file:
+        file.truncate(64 << 20)
+        file.seek(32 << 20)
+        file.write(b"data after 32 MiB of hole")
+    slice_ = bytearray(dcm("ct", os.urandom(4000)))
+    slice_[:512] = bytes(512)  # the preamble, "DICM" and the start of the header zeroed
+    write(src / "zeroed_header.dcm", bytes(slice_))
+    before = _bytes_read()
+    refs, problems = run(src)
+    assert _bytes_read() - before < 8 << 20  # at most 1 MiB of each
+    assert refs == []
+    reasons = {Path(p.path).name: p.reason for p in problems}
+    assert reasons == {
+        "zeros_1mib.dcm": f"zero-filled: all {1 << 20} bytes are zero",
+        "zeros_100.dcm": "zero-filled: all 100 bytes are zero",
+        "sparse_2gib.dcm": f"zero-filled: all {2 << 30} bytes are zero",
+        "late_data.dcm": "zero-filled: the first 1 MiB are zero (no DICOM preamble, no archive header; the rest was "
+                         "not read)",
+        "zeroed_header.dcm": "damaged: the first 512 bytes are zero (DICOM preamble and header zeroed)"}
+    assert all(p.status == "rejected" for p in problems)
+    hashes = {Path(p.path).name: problem_sha256(p) for p in problems}  # small ones only: the others are not read
+    assert hashes == {"zeros_1mib.dcm": hashlib.sha256(bytes(1 << 20)).hexdigest(), "sparse_2gib.dcm": None,
+                      "zeros_100.dcm": hashlib.sha256(bytes(100)).hexdigest(), "late_data.dcm": None,
+                      "zeroed_header.dcm": hashlib.sha256(slice_).hexdigest()}
+
+
+def test_tar_without_ustar_magic_is_found_by_its_header_checksum(tmp_path: Path) -> None:
+    """Pre-POSIX tars have no "ustar" magic: the header checksum tells them, as tarfile.is_tarfile did."""
+    raw = bytearray(make_tar(tmp_path / "gnu.tar", {"x.dcm": dcm("x")}).read_bytes())
+    raw[257:265] = bytes(8)                                      # no magic, no version: a V7 header
+    raw[148:156] = b" " * 8
+    raw[148:156] = b"%06o\0 " % sum(raw[:512])
+    path = write(tmp_path / "src" / "old.tar", bytes(raw))
+    assert tar_header(bytes(raw[:512])) and not tar_header(bytes(512)) and not tar_header(dcm("x", bytes(400)))
+    refs, problems = run(path)
+    assert [r.display for r in refs] == [f"{path}!x.dcm"] and problems == []
+    assert read_source(refs[0]) == dcm("x")
+
+
+def test_archives_without_files_are_reported(tmp_path: Path) -> None:
+    path = tmp_path / "src" / "folders.zip"
+    make_zip(path, {"a/": b"", "__MACOSX/._a": b"junk"})
+    assert run(path) == ([], [DiscoveryProblem(str(path), None, "zip archive without files", ignored=True)])

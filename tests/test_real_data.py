@@ -117,10 +117,13 @@ def test_bad_files_quarantined_good_series_still_ingested(run_ingest, tmp_path):
     ds.save_as(src / "nopixels.dcm")
     report, store = run_ingest(src)
     assert [r.shape for r in store.series()] == [(3, 512, 512)]
-    rejects = {r.source.rsplit("/", 1)[-1]: r for r in store.rejects(include_skipped=False)}
-    assert set(rejects) == {"truncated.dcm", "notes.txt", "nopixels.dcm"}
+    rejects = {r.source.rsplit("/", 1)[-1]: r for r in store.rejects()}
+    assert {name: r.status for name, r in rejects.items()} == {
+        "truncated.dcm": "rejected", "notes.txt": "ignored", "nopixels.dcm": "rejected"}
+    assert [r.source for r in store.rejects(include_skipped=False)] == [str(src / "nopixels.dcm"),
+                                                                      str(src / "truncated.dcm")]
     assert "truncated" in rejects["truncated.dcm"].reason
-    assert "not a DICOM file" in rejects["notes.txt"].reason
+    assert rejects["notes.txt"].reason == "not DICOM: text"
     assert "no Pixel Data" in rejects["nopixels.dcm"].reason
     assert rejects["truncated.dcm"].sha256 == hashlib.sha256(good[: len(good) // 2]).hexdigest()
     assert report.exit_code(strict=False) == 0 and report.exit_code(strict=True) == 1

@@ -199,34 +199,45 @@ def _read_roi_map(path: Path | None) -> dict[str, list[str]] | None:
 
 
 def _print_ingest_summary(report) -> None:
-    table = Table(title=f"ingest into {report.store}")
-    for col in ("series", "status", "modality", "shape (D,H,W)", "reason"):
-        table.add_column(col)
-    for s in report.series:
-        shape = "x".join(map(str, s.shape)) if s.shape else f"{s.planes} planes"
-        table.add_row(short(s.key), s.status, s.modality, shape, s.reason or "")
-    console.print(table)
+    """The series table, the files not stored by status and reason, and the totals: short lines, never broken
+    inside a word or a number (rich wraps a terminal's lines at spaces; elsewhere nothing is wrapped)."""
+    if report.series:
+        table = Table(title=f"ingest into {escape(report.store)}")
+        for col in ("series", "status", "modality", "shape (D,H,W)", "reason"):
+            table.add_column(col)
+        for s in report.series:
+            shape = "x".join(map(str, s.shape)) if s.shape else f"{s.planes} planes"
+            table.add_row(short(s.key), s.status, s.modality, shape, escape(s.reason or ""))
+        console.print(table)
     files = [r for r in report.rejects if r.series is None]
-    for status in ("skipped", "rejected"):
+    for status in _FILE_STATUSES:
         reasons = Counter(r.reason for r in files if r.status == status)
         for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
             example = next(r.source for r in files if r.status == status and r.reason == reason)
-            console.print(escape(f"  {status} {n} file(s): {reason}  [e.g. {example}]"))  # the brackets are text
+            _say(escape(f"  {status} {n} file(s): {reason}  [e.g. {example}]"))
     for outcome in report.labels:
         where = f"series {short(outcome.key)}" if outcome.key else "no series"
         detail = ", ".join(outcome.classes) if outcome.classes else (outcome.reason or "")
         if outcome.kept is not None and outcome.kept < 1:
             detail += f" (cut: {percent(outcome.kept)} of its foreground lies inside the series, the rest outside it)"
-        console.print(f"  label {outcome.status}: {outcome.source} ({outcome.kind}) -> {where}: {detail}")
+        _say(escape(f"  label {outcome.status}: {outcome.source} ({outcome.kind}) -> {where}: {detail}"))
     c = report.counts
-    console.print(
-        f"[bold]series: {c['ingested']} ingested, {c['present']} already present, {c['skipped']} skipped, "
-        f"{c['rejected']} rejected[/bold]"
-        + (f", {c['replaced']} replaced" if c["replaced"] else "")
-        + (f", [red]{c['not_found']} forced series not found among the sources[/red]" if c["not_found"] else "")
-        + (f", {c['conflict']} in conflict" if c["conflict"] else "")
-        + (f", [red]{c['failed']} failed (run the ingest again to retry them)[/red]" if c["failed"] else "")
-        + f"; files: {sum(r.status == 'skipped' for r in files)} skipped, {sum(r.status == 'rejected' for r in files)} "
-        f"rejected (`medload rejects STORE --all` lists them); {report.files} files, {report.bytes / 1e6:.1f} MB in "
-        f"{report.seconds:.1f} s ({report.files_per_second:.0f} files/s, {report.megabytes_per_second:.0f} MB/s)"
-    )
+    _say(f"[bold]series: {c['ingested']} ingested, {c['present']} already present, {c['skipped']} skipped, "
+         f"{c['rejected']} rejected[/bold]"
+         + (f", {c['replaced']} replaced" if c["replaced"] else "")
+         + (f", [red]{c['not_found']} forced series not found among the sources[/red]" if c["not_found"] else "")
+         + (f", {c['conflict']} in conflict" if c["conflict"] else "")
+         + (f", [red]{c['failed']} failed (run the ingest again to retry them)[/red]" if c["failed"] else ""))
+    by_status = Counter(r.status for r in files)
+    _say(f"files: {by_status['skipped']} skipped, {by_status['rejected']} rejected, {by_status['ignored']} ignored "
+         "(not DICOM)" + ("; `medload rejects STORE --all` lists them" if files else ""))
+    _say(f"read {report.files} files, {report.bytes / 1e6:.1f} MB in {report.seconds:.1f} s "
+         f"({report.files_per_second:.0f} files/s, {report.megabytes_per_second:.0f} MB/s)")
+
+
+_FILE_STATUSES = ("skipped", "rejected", "ignored")
+
+
+def _say(text: str) -> None:
+    """One line of the summary: wrapped at spaces to a terminal's width, never wrapped elsewhere (a log, a pipe)."""
+    console.print(text, soft_wrap=not console.is_terminal)

@@ -117,15 +117,16 @@ def export(store: Path, key: str, out: Path, label: bool) -> None:
 @cli.command()
 @click.argument("store", type=click.Path(exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of quarantine records.")
-@click.option("--all", "include_skipped", is_flag=True, help="Include skipped inputs (localizers, reports...).")
+@click.option("--all", "include_skipped", is_flag=True,
+              help="Include skipped inputs (localizers, reports...) and those ignored as not DICOM (text, images...).")
 def rejects(store: Path, as_json: bool, include_skipped: bool) -> None:
-    """Inputs of STORE that were rejected (and with --all, skipped), with stage and reason."""
+    """Inputs of STORE that were rejected (and with --all, skipped or ignored), with stage and reason."""
     from dataclasses import asdict
 
     from medload.storage.store import open_store
 
     everything = open_store(store).rejects(include_skipped=True)
-    records = everything if include_skipped else [r for r in everything if r.status != "skipped"]
+    records = everything if include_skipped else [r for r in everything if r.status == "rejected"]
     if as_json:
         click.echo(json.dumps([asdict(r) for r in records], indent=1))
         return
@@ -135,9 +136,12 @@ def rejects(store: Path, as_json: bool, include_skipped: bool) -> None:
     for r in records:
         table.add_row(r.status, r.stage, r.source, r.reason)
     console.print(table)
-    skipped = len(everything) - len(records)
-    console.print(f"{len(records)} rejected input(s)" + (f"; {skipped} skipped (not volume images, e.g. Secondary "
-                  "Captures): --all lists them too" if skipped else ""))
+    left_out = Counter() if include_skipped else Counter(r.status for r in everything if r.status != "rejected")
+    notes = [f"{left_out[status]} {words}" for status, words in _LEFT_OUT.items() if left_out[status]]
+    console.print("; ".join([f"{len(records)} rejected input(s)", *notes]) + ("; --all lists them too" if notes else ""))
+
+
+_LEFT_OUT = {"skipped": "skipped (not volume images, e.g. Secondary Captures)", "ignored": "ignored (not DICOM)"}
 
 
 @cli.command()

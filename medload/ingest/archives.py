@@ -30,14 +30,16 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from medload.errors import ConfigError
+from medload.ingest.sniff import not_dicom, zero_head
 from medload.storage.space import disk_full_is_error, out_of_space
 
-__all__ = ["content_kind", "SourceRef", "DiscoveryProblem", "ArchiveLimits", "Spool", "archive_kind", "scan_archive",
-           "describe", "is_junk", "HEAD_BYTES", "READ_ERRORS"]
+__all__ = ["content_kind", "SourceRef", "DiscoveryProblem", "ArchiveLimits", "Spool", "archive_kind", "tar_header",
+           "scan_archive", "describe", "is_junk", "HEAD_BYTES", "READ_ERRORS"]
 
 log = logging.getLogger(__name__)
 
 HEAD_BYTES = 512                  # enough to tell DICOM, zip, gzip/bz2/xz and tar apart
+_TAR_BLOCK = 512
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 _STREAM_MAGICS = ((b"\x1f\x8b", "gz"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"))
 _JUNK_FILES = frozenset({".ds_store", "thumbs.db"})
@@ -78,12 +80,21 @@ class SourceRef:
 
 @dataclass(frozen=True, slots=True)
 class DiscoveryProblem:
-    """An input discovery cannot hand on; ``skipped`` is True for inputs medload does not handle."""
+    """An input discovery cannot hand on; ``skipped`` is True for inputs medload does not handle (a nested
+    archive), ``ignored`` for inputs that are not DICOM at all (text, images, NIfTI: see :mod:`.sniff`).
+    ``digest`` is False where the input's sha256 is not worth reading it all (a large zero-filled file)."""
 
     path: str
     member: str | None
     reason: str
     skipped: bool = False
+    ignored: bool = False
+    digest: bool = True
+
+    @property
+    def status(self) -> str:
+        """The status of its quarantine record: ``ignored``, ``skipped`` or ``rejected``."""
+        return "ignored" if self.ignored else "skipped" if self.skipped else "rejected"
 
     @property
     def display(self) -> str:
@@ -156,8 +167,23 @@ def archive_kind(path: str, head: bytes) -> str | None:
     if kind is not None:
         return kind
     if path.lower().endswith(".zip") and zipfile.is_zipfile(path):
-        return "zip"                                   # zip with data prepended (self-extracting)
-    return "tar" if tarfile.is_tarfile(path) else None  # pre-POSIX tar without the ustar magic
+        return "zip"                             # zip with data prepended (self-extracting)
+    return "tar" if tar_header(head) else None   # pre-POSIX tar without the ustar magic
+
+
+def tar_header(head: bytes) -> bool:
+    """Whether ``head`` starts with a valid tar header block: its checksum field (bytes 148..156, octal) holds
+    the sum of the block's bytes with that field taken as spaces, unsigned or signed as :mod:`tarfile` accepts
+    (POSIX.1 ustar, and pre-POSIX tars). Never :func:`tarfile.is_tarfile`: it takes a file of zeros for an
+    empty tar after reading all of it."""
+    if len(head) < _TAR_BLOCK:
+        return False
+    digits = head[148:156].strip(b"\0 ")
+    if not digits or digits.strip(b"01234567"):
+        return False
+    block = head[:148] + b" " * 8 + head[156:_TAR_BLOCK]
+    signed = sum(block) - 256 * sum(1 for byte in block if byte > 127)
+    return int(digits, 8) in (sum(block), signed)
 
 
 def is_junk(name: str) -> bool:
@@ -217,16 +243,26 @@ def _archive_reason(count: int, total: int, limits: ArchiveLimits) -> str | None
     return None
 
 
-def _nested(head: bytes) -> str | None:
-    """Reason to skip a member whose content is itself an archive."""
+def _member_problem(path: str, name: str, size: int, head: bytes) -> DiscoveryProblem | None:
+    """Why member ``name`` (``size`` bytes, starting with ``head``) is not handed on: an archive itself
+    (skipped), not DICOM (ignored), or zero bytes where the preamble should be (rejected); None for a candidate."""
     kind = content_kind(head)
-    return None if kind in (None, "dicom") else f"nested archive not expanded: {kind} data"
+    if kind == "dicom":
+        return None
+    if kind is not None:
+        return DiscoveryProblem(path, name, f"nested archive not expanded: {kind} data", skipped=True)
+    reason = not_dicom(name, head)
+    if reason is not None:
+        return DiscoveryProblem(path, name, reason, ignored=True)
+    if zero_head(head):
+        return DiscoveryProblem(path, name, f"zero-filled: all {size} bytes are zero" if len(head) >= size else
+                                f"damaged: the first {len(head)} bytes are zero (no DICOM preamble)")
+    return None
 
 
 def _sniffed(path: str, name: str, size: int, head: bytes) -> SourceRef | DiscoveryProblem:
-    """A reference to an archive member, or a skipped problem if its content is an archive itself."""
-    reason = _nested(head)
-    return SourceRef(path, name, size) if reason is None else DiscoveryProblem(path, name, reason, skipped=True)
+    """A reference to an archive member, or the problem :func:`_member_problem` finds."""
+    return _member_problem(path, name, size, head) or SourceRef(path, name, size)
 
 
 def describe(exc: BaseException) -> str:
@@ -405,9 +441,11 @@ def _spool_member(path: str, archive: tarfile.TarFile, member: tarfile.TarInfo, 
     """Copy the current member of a streamed tar into the spool (unless it is an archive itself)."""
     data = cast(BinaryIO, archive.extractfile(member))
     chunk = data.read(HEAD_BYTES)
-    reason = _nested(chunk)
-    if reason:
-        return DiscoveryProblem(path, member.name, reason, skipped=True)
+    problem = _member_problem(path, member.name, member.size, chunk)
+    if problem is not None:
+        while data.read(_CHUNK):  # the stream reads through it anyway: a bomb is stopped here too
+            check_ratio()
+        return problem
     full_disk = partial(disk_full_is_error, spool.where, "spool", f"spooling {path}!{member.name}")
     try:
         with full_disk():

@@ -8,7 +8,10 @@ members are read in place through handles cached per process (keyed by path and 
 Policies: hidden files are inputs, except ``.DS_Store``, ``Thumbs.db`` and ``__MACOSX`` (ignored);
 a symbolic link to a file inside the source root is followed (as the resolved file); links to folders,
 outside the root, or dangling are problems; each real file is yielded once; archives found in folders are
-expanded, archives inside archives are not. Messages carry no paths: the caller pairs them with the ref.
+expanded, archives inside archives are not; an archive without files is reported. Files plainly not
+DICOM (text, images, NIfTI...: :mod:`.sniff`) are problems marked ``ignored``; a file whose first block
+is zero bytes is a problem, told without reading it all. Messages carry no paths: the caller pairs them
+with the ref.
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ from medload.ingest.archives import (
     SourceRef,
     Spool,
     archive_kind,
+    content_kind,
     describe,
     is_junk,
     scan_archive,
 )
+from medload.ingest.sniff import ZERO_WINDOW, not_dicom, zero_head, zeroed_reason
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer  # stub-only: what RawIOBase.readinto is given
@@ -161,21 +166,41 @@ class _Walker:
             return
         try:
             with open(path, "rb") as file:
-                kind = archive_kind(path, file.read(HEAD_BYTES))
+                head = file.read(HEAD_BYTES)
+                found = _plain(path, file.fileno(), info.st_size, head)
         except OSError as exc:
             yield DiscoveryProblem(path, None, f"cannot read: {describe(exc)}")
             return
-        if kind is None:
-            yield SourceRef(path, None, info.st_size)
-        else:
-            yield from scan_archive(path, kind, self._limits, self._spool)
+        if not isinstance(found, str):
+            yield found
+            return
+        empty = True
+        for item in scan_archive(path, found, self._limits, self._spool):
+            empty = False
+            yield item
+        if empty:  # nothing but folders and OS litter: no file to report otherwise
+            yield DiscoveryProblem(path, None, f"{found} archive without files", ignored=True)
+
+
+def _plain(path: str, fd: int, size: int, head: bytes) -> SourceRef | DiscoveryProblem | str:
+    """What the file at ``path`` starting with ``head`` is: DICOM (a candidate, as is anything else not
+    told apart here), not DICOM (ignored), zero where its header should be (rejected), or an archive (its kind)."""
+    if content_kind(head) == "dicom":
+        return SourceRef(path, None, size)
+    reason = not_dicom(path, head)
+    if reason is not None:
+        return DiscoveryProblem(path, None, reason, ignored=True)
+    if zero_head(head):  # hashed only if small: a file of zeros is not read in full
+        return DiscoveryProblem(path, None, zeroed_reason(fd, size), digest=size <= ZERO_WINDOW)
+    return archive_kind(path, head) or SourceRef(path, None, size)
 
 
 def problem_sha256(problem: DiscoveryProblem) -> str | None:
-    """sha256 of a refused plain file (an empty file, a damaged or capped archive); None for links (not
-    followed), refused archive members (not read) and what cannot be read."""
+    """sha256 of a refused plain file (an empty file, a damaged or capped archive, a file that is not DICOM);
+    None for links (not followed), refused archive members (not read), zero-filled files of more than
+    :data:`~medload.ingest.sniff.ZERO_WINDOW` bytes (not read in full) and what cannot be read."""
     try:
-        if problem.member is not None or not stat.S_ISREG(os.lstat(problem.path).st_mode):
+        if not problem.digest or problem.member is not None or not stat.S_ISREG(os.lstat(problem.path).st_mode):
             return None
         digest = hashlib.sha256()
         with open(problem.path, "rb") as file:

@@ -70,7 +70,7 @@ class IngestReport:
         return {status: c.get(status, 0) for status in STATUSES}
 
     def quarantined(self, status: str) -> list[RejectRecord]:
-        """This run's quarantine records with ``status`` ``rejected`` or ``skipped``."""
+        """This run's quarantine records with ``status`` ``rejected``, ``skipped`` or ``ignored`` (not DICOM)."""
         return [r for r in self.rejects if r.status == status]
 
     def exit_code(self, strict: bool) -> int:

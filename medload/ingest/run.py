@@ -15,14 +15,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import TypedDict
 
 from medload import windows as win
 from medload.config import IngestConfig
-from medload.errors import ConfigError, InputProblem
+from medload.errors import ConfigError, InputProblem, NoDicomError
 from medload.ingest.deid import KeyFile, Pseudonymizer, load_key
 from medload.ingest.discover import DiscoveryProblem, SourceRef, discover, problem_sha256
 from medload.ingest.geometry import plan_geometry
@@ -35,6 +35,7 @@ from medload.ingest.series import SeriesCandidate, group_series
 from medload.ingest.stages import SeriesPlan, decode_and_write, header_pass
 from medload.ingest.worker import init_worker
 from medload.storage.codec import get_codec
+from medload.storage.manifest import STORE_LAYOUT, backup_path, manifest_path
 from medload.storage.records import RejectRecord
 from medload.storage.space import disk_full_is_error
 from medload.storage.store import open_store
@@ -56,7 +57,7 @@ class _OutcomeFields(TypedDict):
 def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, config: IngestConfig | None = None,
            key_file: str | Path | KeyFile | None = None, progress: bool = False, labels: Sequence[str | Path] = (),
            roi_map: dict[str, list[str]] | None = None, force: Sequence[str] = (),
-           force_only: bool = False, scheduler: str | None = None) -> IngestReport:
+           force_only: bool = False, scheduler: str | None = None, empty_ok: bool = False) -> IngestReport:
     """Ingest DICOM files, folders and zip/tar archives into the store at ``store``.
 
     Bad inputs never stop the run: they are quarantined in the store's ``rejects`` with a reason, and
@@ -79,6 +80,11 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     ``"tls://HOST:PORT"`` (a running scheduler), ``"slurm"`` or ``"slurm:JOBS"`` (dask-jobqueue); see
     :mod:`medload.ingest.cluster`. The store is the same as without it, bar the grouping of series
     into shards. Not with ``force``.
+
+    Sources without any DICOM input (and no ``labels``, no ``force``) raise
+    :class:`~medload.errors.NoDicomError`, naming what they hold; a store the call created for them is
+    removed again, an existing one is left as it was. ``empty_ok`` makes such sources an empty run instead
+    (a PACS retrieval whose instances were all refused).
 
     Examples:
         >>> report = ingest("sample_data/philips_ct_head/dicom", "stores/first")
@@ -114,6 +120,8 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
             spool = Path(tempfile.mkdtemp(prefix="spool-", dir=staging))
         try:
             refs = _discover(sources, spool, report) + label_files
+            if not (refs or label_inputs or force or empty_ok):
+                raise _no_dicom(listed, report, writer.root)
             headers = engine.headers(refs, report, progress, label_inputs)
             candidates = group_series(headers, time_series=cfg.time_series,
                                       duplicate_tolerance=cfg.duplicate_tolerance_mm)
@@ -140,16 +148,56 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
 
 @contextmanager
 def _writer(root: Path, cfg: IngestConfig, pseudo: Pseudonymizer) -> Iterator[StoreWriter]:
-    """The store's writer; closing it publishes what was committed, also when the run stops on an error."""
+    """The store's writer; closing it publishes what was committed, also when the run stops on an error.
+    A store it created is removed again when the sources hold no DICOM (:class:`NoDicomError`)."""
+    existed, new = root.exists(), not (manifest_path(root).exists() or backup_path(root).exists())
     with disk_full_is_error(root, "publish", "opening the store for writing (store.json, and publishing what an "
                                              "interrupted ingest left)"):
         writer = StoreWriter(root, codec=cfg.codec, windows=cfg.windows, key_fingerprint=pseudo.fingerprint,
                              shard_bytes=cfg.shard_bytes, share=cfg.share)
+    discard = False
     try:
         yield writer
+    except NoDicomError:
+        discard = new
+        raise
     finally:
-        with disk_full_is_error(root, "publish", "publishing the staging shard"):
-            writer.close()
+        try:
+            if discard:
+                _unmake(root)
+        finally:
+            with disk_full_is_error(root, "publish", "publishing the staging shard"):
+                writer.close()
+        if discard and not existed:
+            with suppress(OSError):  # someone else's store began there meanwhile: it stays
+                root.rmdir()
+
+
+def _unmake(root: Path) -> None:
+    """Remove the files of the empty store this run created, while its writer holds the lock (``writer.lock``
+    goes too: the lock stays held until the writer closes). Only empty folders are removed: anything else
+    stays, and a leftover empty store is a valid one."""
+    for name in sorted(STORE_LAYOUT):
+        path = root / name
+        try:
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+        except OSError as exc:
+            log.warning("could not remove %s of the store created for sources without DICOM: %s", path, exc)
+
+
+def _no_dicom(sources: list, report: IngestReport, root: Path) -> NoDicomError:
+    """The error for sources without DICOM: what they hold (counts, an example of each status)."""
+    found = []
+    for status in ("ignored", "rejected", "skipped"):
+        records = report.quarantined(status)
+        if records:
+            found.append(f"{len(records)} {status}, e.g. {records[0].source} ({records[0].reason})")
+    return NoDicomError(f"no DICOM found in {', '.join(map(str, sources))}: {'; '.join(found) or 'no files'}. "
+                        f"Give the files, folders or zip/tar archives that hold the DICOM series (nothing was "
+                        f"written to {root})")
 
 
 class _LocalEngine:
@@ -188,8 +236,8 @@ def _discover(sources, spool: Path, report: IngestReport) -> list[SourceRef]:
     refs = []
     for item in discover(sources, spool_dir=spool):
         if isinstance(item, DiscoveryProblem):
-            report.rejects.append(RejectRecord("skipped" if item.skipped else "rejected", "discover", item.reason,
-                                               item.display, problem_sha256(item)))
+            report.rejects.append(RejectRecord(item.status, "discover", item.reason, item.display,
+                                               problem_sha256(item)))
         else:
             refs.append(item)
     report.files = len(refs)

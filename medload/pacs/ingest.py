@@ -156,7 +156,8 @@ def _ingest_found(remote: _Remote, found: list[SeriesRef], spool_name: str, stor
         fetcher = _Fetcher(remote, pseudo, spool, report, progress)
         for complete in fetcher.batches(todo):
             if complete:
-                _merge(report, ingest(spool.path, store, config=cfg, key_file=key_file, progress=progress))
+                _merge(report, ingest(spool.path, store, config=cfg, key_file=key_file, progress=progress,
+                                      empty_ok=True))  # what a server sent may be no DICOM at all
             spool.clear()
     retrieve_rejects = [r for r in report.rejects if r.stage == "retrieve"]  # ingest() stored the others
     if retrieve_rejects:

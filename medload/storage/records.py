@@ -142,12 +142,13 @@ class RejectRecord:
     """An input that was not ingested, and why.
 
     ``status`` is ``"rejected"`` (broken, or refused by a correctness policy), ``"skipped"`` (valid
-    DICOM that is not a volume: localizer, secondary capture, report...), or ``"resolved"``: a later
+    DICOM that is not a volume: localizer, secondary capture, report...), ``"ignored"`` (not DICOM at
+    all: text, JSON, NIfTI, PNG...; see :mod:`medload.ingest.sniff`), or ``"resolved"``: a later
     ingest stored its source, superseding its earlier records (:mod:`medload.storage.rejects`; never
     listed by :meth:`~medload.storage.store.Store.rejects`). ``stage`` says where it was
     decided (``retrieve`` for a DICOMweb source, ``discover``, ``header``, ``series``, ``geometry``, ``decode``,
     ``plausibility``). ``sha256`` is that of the input's bytes where medload could read them (not for
-    links, nor for archive members refused unread).
+    links, nor for archive members refused unread, nor for zero-filled files over 1 MiB, not read in full).
 
     Examples:
         >>> r = store.rejects()[0]

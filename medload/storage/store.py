@@ -216,8 +216,9 @@ class Store:
                                                      f"`medload ls {self.path}`")
 
     def rejects(self, *, include_skipped: bool = True) -> list[RejectRecord]:
-        """Quarantine records: inputs that were rejected (and, by default, skipped), sorted by source; not
-        those of a source a later ingest stored (see :mod:`medload.storage.rejects`)."""
+        """Quarantine records: inputs that were rejected (and, by default, those skipped and those ignored as
+        not DICOM), sorted by source; not those of a source a later ingest stored (see
+        :mod:`medload.storage.rejects`)."""
         held: list[list[RejectRecord]] = []
         down = {u.shard for u in self.unavailable()}
         for entry in self.manifest.shards:
@@ -232,7 +233,7 @@ class Store:
                                  for v in txn.cursor(db=dbs[sh.REJECTS]).iternext(keys=False)])
         out = current_rejects(held)
         if not include_skipped:
-            out = [r for r in out if r.status != "skipped"]
+            out = [r for r in out if r.status == "rejected"]
         return sorted(out, key=lambda r: (r.source, r.stage, r.reason))
 
     def items(self, *, context: int | None = None, depth: int | None = None, stride: int | None = None,

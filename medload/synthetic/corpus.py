@@ -42,11 +42,13 @@ _ENCAPSULATED: dict[str, Any] = dict(rows=32, cols=32)  # JPEG 2000 needs 32 pix
 class BadInput:
     """One input an ingester must quarantine: ``name`` is the file path, or ``archive!member``, as a
     quarantine record names it; ``sha256`` is that of its bytes where they can be read (None for links
-    and for archive members refused unread)."""
+    and for archive members refused unread); ``status`` that of its record: ``rejected``, or ``ignored``
+    for a file that is plainly not DICOM (text, a PDF, a PNG...)."""
 
     name: str
     kind: str
     sha256: str | None
+    status: str = "rejected"
 
 
 def _sha256(data: bytes) -> str:
@@ -84,11 +86,11 @@ class _Writer:
         self._n += 1
         return broken.with_uids(ds, f"{self._n}")
 
-    def bad(self, rel: str, data: bytes, kind: str) -> Path:
+    def bad(self, rel: str, data: bytes, kind: str, status: str = "rejected") -> Path:
         path = self.corpus.source / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        self.corpus.bad.append(BadInput(str(path), kind, _sha256(data)))
+        self.corpus.bad.append(BadInput(str(path), kind, _sha256(data), status))
         return path
 
 
@@ -228,9 +230,9 @@ def _not_dicom(w: _Writer) -> None:
              "meta.json": b'{"Modality": "CT"}', "image.png": b"\x89PNG\r\n\x1a\n" + bytes(64),
              "photo.jpg": b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(64)}
     for name, data in texts.items():
-        w.bad(f"{folder}/{name}", data, "not DICOM")
-    for n, size in enumerate((1, 100, 4096, 70000)):
-        w.bad(f"{folder}/random{n}.dcm", w.rng.bytes(size), "not DICOM")
+        w.bad(f"{folder}/{name}", data, "not DICOM", "ignored")
+    for n, size in enumerate((1, 100, 4096, 70000)):  # binary (a control byte first): never taken for text
+        w.bad(f"{folder}/random{n}.dcm", b"\x01" + w.rng.bytes(size)[1:], "not DICOM")
     w.bad(f"{folder}/fake_preamble.dcm", bytes(128) + b"DICM" + w.rng.bytes(300), "not DICOM")
     for rel in ("empty.dcm", ".hidden_empty", "deep/er/empty.dcm", "IM0001", "zero.bin"):
         w.bad(f"{folder}/empty/{rel}", b"", "empty")

@@ -92,7 +92,7 @@ def write_broken_files(out_dir: Path, source: Path) -> dict[str, Path]:
     """Write three files an ingester must quarantine, derived from the valid DICOM file ``source``.
 
     ``truncated``: a copy of ``source`` cut in the middle of PixelData (7FE0,0010); ``not_dicom``: a
-    text file named like DICOM; ``no_pixels``: ``source`` without PixelData and with a new
+    text file named like DICOM (ignored as not DICOM, with a record of its own); ``no_pixels``: ``source`` without PixelData and with a new
     SOPInstanceUID (0008,0018).
     """
     out_dir, source = Path(out_dir), Path(source)
