@@ -37,11 +37,12 @@ def info(store: Path) -> None:
                       *(("",) if down else ()))
     for u in down:
         for key in u.series or ():
-            table.add_row(short(key), *[""] * (len(columns) - 1), f"shard {u.shard} cannot be read")
+            table.add_row(short(key), *[""] * (len(columns) - 1), "yes: below")  # a table cell wraps: reason below
     console.print(table)
     for u in down:
         known = f"{len(u.series)} series" if u.series is not None else "series not listed in store.json (format 2)"
-        console.print(f"[red]unavailable[/red]: shard {escape(u.shard)} ({known}): {escape(u.reason)}", soft_wrap=True)
+        console.print(f"[red]unavailable[/red]: shard {escape(u.shard)} cannot be read ({known}): {escape(u.reason)}",
+                      soft_wrap=True)
     if down:
         console.print(f"repair: `medload verify {store}`, then `medload repair {store} --sources DIR`", soft_wrap=True)
     counts = Counter((r.status, r.stage) for r in st.rejects())
