@@ -30,8 +30,8 @@ from pydicom.sr.codedict import codes
 from pydicom.sr.coding import Code
 
 from medload.config import IngestConfig
+from medload.deid import KeyFile, Pseudonymizer, load_key
 from medload.errors import ConfigError
-from medload.ingest.deid import KeyFile, Pseudonymizer, load_key
 from medload.labels.grid import LabelProblem, SeriesGrid
 from medload.labels.masks import mask_to_grid
 from medload.pacs.dicomweb import parse_query
