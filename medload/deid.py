@@ -65,9 +65,8 @@ from pathlib import Path
 
 from medload.errors import ConfigError
 from medload.owner_only import check_owner_only
-from medload.storage.manifest import check_key_fingerprint, recorded_key_fingerprint
 
-__all__ = ["Pseudonymizer", "KeyFile", "load_key", "create_key", "default_key_path"]
+__all__ = ["Pseudonymizer", "KeyFile", "load_key", "create_key", "default_key_path", "check_key_fingerprint"]
 
 log = logging.getLogger(__name__)
 
@@ -105,19 +104,20 @@ def _default_path() -> Path:
 
 
 def load_key(key_file: str | os.PathLike | KeyFile | None = None, *, store: str | os.PathLike | None = None,
-             create: bool = True) -> bytes:
+             recorded: str | None = None, create: bool = True) -> bytes:
     """Read the pseudonymisation key (32 random bytes, stored as 64 hex digits), creating it where allowed.
 
     A missing key is created only at the default path, or at a given one with ``KeyFile(new=True)``
-    (see :class:`KeyFile`), and never for an existing ``store`` (a new key could not match the one it was
-    built with) or with ``create=False``. A key file others may read is refused (``chmod 600``) unless
-    ``KeyFile(allow_shared=True)``. With ``store``, a key other than the store's is refused.
+    (see :class:`KeyFile`), and never for a store that records a key fingerprint (``recorded``: a new key
+    could not match the one it was built with) or with ``create=False``. A key file others may read is
+    refused (``chmod 600``) unless ``KeyFile(allow_shared=True)``. A key whose fingerprint is not
+    ``recorded`` is refused; ``store`` names the store in the messages. For a store on disk,
+    :func:`medload.storage.store_key.load_store_key` reads ``recorded`` from it.
     """
     wanted = key_file if isinstance(key_file, KeyFile) else KeyFile(key_file)
     path = Path(wanted.path) if wanted.path is not None else default_key_path()
     given = "--key-file" if wanted.path is not None else "$MEDLOAD_KEY_FILE" if path != _default_path() else None
-    root = Path(store) if store is not None else None
-    recorded = recorded_key_fingerprint(root) if root is not None else None
+    root = Path(store) if store is not None else "the store"
     if not path.exists():
         if recorded is not None:
             raise ConfigError(f"{root} was built with pseudonymisation key {recorded}, and there is no key file "
@@ -139,9 +139,18 @@ def load_key(key_file: str | os.PathLike | KeyFile | None = None, *, store: str 
         raise ConfigError(f"{path} is not a medload key (expected {2 * _KEY_BYTES} hex digits)") from None
     if len(key) < 16:
         raise ConfigError(f"key in {path} is only {len(key)} bytes: use at least 16 random bytes")
-    if root is not None and recorded is not None:
+    if recorded is not None:
         check_key_fingerprint(root, recorded, Pseudonymizer(key).fingerprint, path)
     return key
+
+
+def check_key_fingerprint(store: str | os.PathLike, recorded: str, used: str, key: Path | None = None) -> None:
+    """Refuse a pseudonymisation key (of fingerprint ``used``, read from ``key``) other than the one ``store``
+    was built with (``recorded``): the same patient would get two pseudonyms in one store."""
+    if used != recorded:
+        where = f" (the key in {key})" if key is not None else ""
+        raise ConfigError(f"{store} was built with pseudonymisation key {recorded}, this run uses {used}{where}: "
+                          "pass the store's key with --key-file (or MEDLOAD_KEY_FILE)")
 
 
 def create_key(path: str | os.PathLike) -> Path:

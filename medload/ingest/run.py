@@ -22,7 +22,7 @@ from typing import TypedDict
 
 from medload import windows as win
 from medload.config import IngestConfig
-from medload.deid import KeyFile, Pseudonymizer, load_key
+from medload.deid import KeyFile, Pseudonymizer
 from medload.errors import ConfigError, InputProblem, NoDicomError
 from medload.ingest.discover import DiscoveryProblem, SourceRef, discover, problem_sha256
 from medload.ingest.geometry import plan_geometry
@@ -39,6 +39,7 @@ from medload.storage.manifest import STORE_LAYOUT, backup_path, manifest_path
 from medload.storage.records import RejectRecord
 from medload.storage.space import disk_full_is_error
 from medload.storage.store import open_store
+from medload.storage.store_key import load_store_key
 from medload.storage.writer import StoreWriter
 
 __all__ = ["ingest", "open_writer"]
@@ -110,7 +111,7 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     if pseudonymizer is not None and key_file is not None:
         raise ConfigError("give the key (key_file) or a Pseudonymizer made from it, not both")
     # the store is checked before a key is created for it
-    pseudo = pseudonymizer or Pseudonymizer(load_key(key_file, store=store))
+    pseudo = pseudonymizer or Pseudonymizer(load_store_key(key_file, store))
     report = IngestReport(store=str(store))
     label_inputs: list[LabelInput] = []
     label_files: list[SourceRef] = []

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from medload.config import IngestConfig
-from medload.deid import KeyFile, Pseudonymizer, load_key
+from medload.deid import KeyFile, Pseudonymizer
 from medload.errors import ConfigError, DiskFullError, InputProblem, StoreError, StoreLockedError
 from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.run import ingest, open_writer
@@ -48,6 +48,7 @@ from medload.progress import progress_bar
 from medload.storage.records import RejectRecord
 from medload.storage.space import disk_full_is_error
 from medload.storage.store import open_store
+from medload.storage.store_key import load_store_key
 
 __all__ = ["RetrieveOptions", "ingest_dicomweb", "ingest_dimse", "Spool"]
 
@@ -95,7 +96,7 @@ def ingest_dicomweb(url: str, store: str | Path, *, query: str = "", credentials
     search = parse_query(query)
     creds = load_credentials(None if credentials is None else Path(credentials).expanduser())
     verify = tls_context(None if ca_bundle is None else Path(ca_bundle).expanduser())
-    pseudo = Pseudonymizer(load_key(key_file, store=store))
+    pseudo = Pseudonymizer(load_store_key(key_file, store))
     started = time.perf_counter()
     with DicomWebClient(endpoint, creds, verify=verify, connections=options.connections, timeout=options.timeout,
                         retry=options.retry) as client:
@@ -121,7 +122,7 @@ def ingest_dimse(url: str, store: str | Path, *, query: str = "", calling_aet: s
     endpoint = parse_dimse_endpoint(url)
     search = parse_query(query)
     calling = check_ae_title(calling_aet, "--calling-aet")
-    pseudo = Pseudonymizer(load_key(key_file, store=store))
+    pseudo = Pseudonymizer(load_store_key(key_file, store))
     started = time.perf_counter()
     with DimseClient(endpoint, calling_aet=calling, timeout=options.timeout,
                      max_instance_bytes=options.max_instance_bytes) as client:
