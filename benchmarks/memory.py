@@ -48,8 +48,8 @@ def stages(src: Path, tuned: bool) -> dict:
 
     from medload.allocator import keep_large_buffers_in_heap
     from medload.config import IngestConfig
+    from medload.deid import Pseudonymizer, load_key
     from medload.ingest import worker
-    from medload.ingest.deid import load_key
     from medload.ingest.discover import discover, read_source
     from medload.ingest.pixels import LoadedFile, decode_plane
     from medload.storage.codec import encode_value, get_codec
@@ -57,7 +57,7 @@ def stages(src: Path, tuned: bool) -> dict:
 
     if tuned:
         keep_large_buffers_in_heap()
-    worker.init_worker(load_key(), IngestConfig(), own_process=False)
+    worker.init_worker(Pseudonymizer(load_key()), IngestConfig(), own_process=False)
     headers = [h for r in worker.header_batch(list(discover(src))) if isinstance(r, list) for h in r]
     codec = get_codec("blosc2-lz4")
     out = {}
@@ -116,7 +116,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if not os.environ.get("MEDLOAD_KEY_FILE"):  # a throw-away key, never the user's own
-            from medload.ingest.deid import create_key
+            from medload.deid import create_key
 
             os.environ["MEDLOAD_KEY_FILE"] = str(create_key(tmp / "bench.key"))
         src, store = args.data, args.store

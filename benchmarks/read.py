@@ -79,7 +79,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if not os.environ.get("MEDLOAD_KEY_FILE"):  # a throw-away key, never the user's own
-            from medload.ingest.deid import create_key
+            from medload.deid import create_key
 
             os.environ["MEDLOAD_KEY_FILE"] = str(create_key(tmp / "bench.key"))
         path = args.store or build_store(tmp, args.series, args.slices)

@@ -36,7 +36,6 @@ from functools import cache
 from pathlib import Path
 
 from medload.errors import ConfigError
-from medload.storage.sharing import check_setting
 
 if typing.TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -64,6 +63,20 @@ def affinity_cores() -> int:
         True
     """
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+#: A store's share settings (:mod:`medload.storage.sharing`): its owner only, or a group.
+SHARE_PRIVATE = "private"
+SHARE_GROUP = "group"
+
+
+def check_share_setting(text: str) -> str:
+    """``text`` if it is a share setting (``private``, ``group`` or ``group:NAME``), else a ConfigError."""
+    kind, colon, name = text.partition(":")
+    if text == SHARE_PRIVATE or (kind == SHARE_GROUP and (not colon or name.strip() == name != "")):
+        return text
+    raise ConfigError(f"share setting {text!r}: use 'private' (the owner only), 'group' (the group of the store's "
+                      "folder reads it) or 'group:NAME'")
 
 
 def parse_size(text: str | int) -> int:
@@ -153,7 +166,7 @@ class IngestConfig:
     def __post_init__(self) -> None:
         _check_fields(self)
         if self.share is not None:
-            check_setting(self.share)
+            check_share_setting(self.share)
         if self.tilt_policy not in ("reject", "shear"):
             raise ConfigError(f"tilt policy {self.tilt_policy!r}: use 'reject' or 'shear'")
         if self.workers is not None and self.workers < 1:

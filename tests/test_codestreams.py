@@ -17,8 +17,8 @@ from pydicom.encaps import encapsulate, generate_frames
 from pydicom.uid import JPEGLSLossless
 
 from medload.config import IngestConfig
+from medload.deid import Pseudonymizer
 from medload.errors import InputProblem
-from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import SourceRef
 from medload.ingest.headers import read_headers
 from medload.ingest.labels import LabelInput

@@ -16,8 +16,8 @@ import pytest
 from pydicom.uid import DeflatedExplicitVRLittleEndian
 
 from medload.config import IngestConfig
+from medload.deid import Pseudonymizer
 from medload.errors import InputProblem
-from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import SourceRef
 from medload.ingest.headers import read_headers
 from medload.ingest.pixels import LoadedFile, decode_plane

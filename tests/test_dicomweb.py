@@ -23,8 +23,8 @@ from conftest import PHILIPS
 from orthanc_server import ORTHANC, Orthanc, Proxy, free_port
 
 from medload.config import IngestConfig
+from medload.deid import Pseudonymizer, load_key
 from medload.errors import ConfigError, InputProblem, RemoteSourceError
-from medload.ingest.deid import Pseudonymizer, load_key
 from medload.ingest.run import ingest
 from medload.pacs import dicomweb
 from medload.pacs.dicomweb import RetryPolicy, parse_query

@@ -251,7 +251,7 @@ def test_the_python_api_raises_disk_full_error_naming_the_stage(disk, sources):
 def test_disk_full_while_spooling_from_a_pacs_names_the_spool_and_leaves_no_part_file(disk):
     """Instances retrieved from a PACS are spooled under STORE/staging (DICOMweb and DIMSE alike): a full
     disk there is one DiskFullError at stage ``spool`` naming the spool, and the cut file is removed."""
-    from medload.ingest.deid import Pseudonymizer
+    from medload.deid import Pseudonymizer
     from medload.pacs.ingest import Spool
 
     path = disk / "store" / "staging" / "dicomweb"

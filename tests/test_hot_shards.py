@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from medload.cache.hot_shards import HotShards
 from medload.errors import ChecksumError
 from medload.storage import shard as sh
+from medload.storage.cache.hot_shards import HotShards
 from medload.storage.codec import decode_value, encode_value, get_codec
 from medload.storage.keys import series_key, slice_key
 from medload.storage.manifest import ShardEntry, file_digest, read_manifest, shard_path
@@ -170,7 +170,7 @@ def test_budget_holds_and_lru_survive(store, accesses, slack):
 _FETCH = textwrap.dedent("""
     import json, logging, sys, time
     from pathlib import Path
-    from medload.cache.hot_shards import HotShards
+    from medload.storage.cache.hot_shards import HotShards
     from medload.storage.manifest import ShardEntry, file_digest
     hot, src, entry, rate, go = sys.argv[1], sys.argv[2], ShardEntry(**json.loads(sys.argv[3])), int(sys.argv[4]), sys.argv[5]
     copies = []

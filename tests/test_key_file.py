@@ -2,7 +2,7 @@
 
 A new key gives every patient new pseudonyms, so a typo in a key path must be an error, not a new key;
 a store built with one key must not leave a useless new key behind when given another path; and a key
-file others can read is refused as a credentials file is (see :mod:`medload.ingest.deid`).
+file others can read is refused as a credentials file is (see :mod:`medload.deid`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import write_key
 
+from medload.deid import KeyFile, Pseudonymizer, load_key
 from medload.errors import ConfigError
-from medload.ingest.deid import KeyFile, Pseudonymizer, load_key
 from medload.ingest.run import ingest
 from medload.storage.manifest import read_manifest
 from medload.synthetic import SeriesSpec, make_series
@@ -138,3 +138,13 @@ def test_allow_shared_key_uses_it_with_a_warning(built, tmp_path):
     said = " ".join(proc.stderr.split())
     assert "WARNING" in said and f"pseudonymisation key {key} is readable or writable by other users" in said
     assert read_manifest(tmp_path / "store").key_fingerprint == Pseudonymizer(bytes.fromhex(KEY_B)).fingerprint
+
+
+def test_the_old_module_name_still_works_with_a_deprecation_warning():
+    import importlib
+    import sys
+
+    sys.modules.pop("medload.ingest.deid", None)
+    with pytest.warns(DeprecationWarning, match="medload.ingest.deid moved to medload.deid"):
+        old = importlib.import_module("medload.ingest.deid")
+    assert old.Pseudonymizer is Pseudonymizer and old.load_key is load_key

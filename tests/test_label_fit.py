@@ -14,9 +14,9 @@ import pytest
 from misfit_labels import make_misfits
 
 from medload.config import IngestConfig
+from medload.deid import Pseudonymizer, load_key
 from medload.errors import ConfigError
 from medload.ingest import ingest
-from medload.ingest.deid import Pseudonymizer, load_key
 from medload.ingest.labels import label_inputs_from_path
 from medload.storage.store import open_store
 from medload.storage.verify import verify_store

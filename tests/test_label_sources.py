@@ -14,7 +14,7 @@ from conftest import DATA
 from pydicom.pixels import pack_bits
 from pydicom.sr.codedict import codes
 
-from medload.ingest.deid import Pseudonymizer, load_key
+from medload.deid import Pseudonymizer, load_key
 from medload.labels.grid import RAS_TO_LPS, LabelProblem, SeriesGrid
 from medload.labels.masks import mask_to_grid
 from medload.labels.seg import read_segments, seg_to_grid

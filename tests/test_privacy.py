@@ -1,6 +1,6 @@
 """No patient identifier reaches a store, its records, the command line's output or its logs.
 
-The attribute table these tests hold the code to is the one in :mod:`medload.ingest.deid` (DICOM PS3.15
+The attribute table these tests hold the code to is the one in :mod:`medload.deid` (DICOM PS3.15
 Annex E, Basic Profile). Two angles: the shipped sample's own raw values, and a copy of the sample whose
 identifying attributes carry distinctive canaries (the sample has no birth date or accession number, and
 a canary cannot match by chance where a short real value like ``CT4`` could).
@@ -211,7 +211,7 @@ def test_every_record_field_from_dicom_is_in_the_deid_table() -> None:
     table = deid.__doc__.split("====", 1)[1]
     documented = set(re.findall(r"``(\w+)``", table))
     fields = {f.name for f in dataclasses.fields(SeriesRecord)} - _NOT_FROM_DICOM
-    assert fields - documented == set(), "record fields missing from the table in medload/ingest/deid.py"
+    assert fields - documented == set(), "record fields missing from the table in medload/deid.py"
     assert fields >= {"patient", "study", "series", "frame_of_reference", "affine", "modality"}
 
 

@@ -13,12 +13,12 @@ import pytest
 import torch.nn.functional as F
 from conftest import DEVICES, PHILIPS
 
-from medload.cache.lru import shared_lru
 from medload.config import IngestConfig
 from medload.data import SliceDataset, make_loader
 from medload.data.profile import TRAINER_STAGES, WORKER_STAGES, ProfileReport, profile
 from medload.ingest import ingest
 from medload.models import TrainStep, segmentation_unet
+from medload.storage.cache.lru import shared_lru
 from medload.storage.store import Store, open_store
 
 

@@ -14,9 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from medload.cache.lru import SliceLRU, shared_lru
 from medload.config import CacheConfig
 from medload.errors import ConfigError
+from medload.storage.cache.lru import SliceLRU, shared_lru
 from medload.storage.store import open_store
 from medload.synthetic import SeriesSpec, make_series
 

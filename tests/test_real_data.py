@@ -12,7 +12,7 @@ import pytest
 from conftest import DATA, PHILIPS, file_hashes
 
 from medload.config import IngestConfig
-from medload.ingest.deid import Pseudonymizer
+from medload.deid import Pseudonymizer
 from medload.ingest.discover import discover, read_source
 from medload.ingest.headers import read_headers
 from medload.ingest.pixels import LoadedFile, decode_plane

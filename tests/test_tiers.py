@@ -15,9 +15,9 @@ import pytest
 import torch
 from test_read_path import _SlabDataset
 
-from medload.cache import tiered
 from medload.config import CacheConfig, IngestConfig
 from medload.ingest import ingest
+from medload.storage.cache import tiered
 from medload.storage.keys import slice_key
 from medload.storage.manifest import shard_path
 from medload.storage.shard import reader_env

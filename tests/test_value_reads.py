@@ -20,7 +20,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from medload.cache.lru import SliceLRU
 from medload.config import IngestConfig
 from medload.data import SlabDataset, SliceDataset, make_loader
 from medload.data.loader import _SlotBatchSampler
@@ -29,6 +28,7 @@ from medload.errors import StoreError, StoreFormatError
 from medload.ingest import ingest
 from medload.storage import shard as sh
 from medload.storage import value_reads as vr
+from medload.storage.cache.lru import SliceLRU
 from medload.storage.manifest import shard_path
 from medload.storage.store import open_store
 from medload.synthetic import SeriesSpec, make_series
@@ -357,7 +357,7 @@ class _BudgetOf(SliceDataset):
     """Records, in a shared tensor, the L1 budget each DataLoader worker reads with."""
 
     def read_batch(self, indices, image, label) -> None:
-        from medload.cache import lru
+        from medload.storage.cache import lru
 
         super().read_batch(indices, image, label)
         info = torch.utils.data.get_worker_info()

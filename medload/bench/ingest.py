@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from medload.bench.report import print_tables, section_tables
-    from medload.ingest.deid import create_key
+    from medload.deid import create_key
 
     codecs = tuple(dict.fromkeys([CODEC, *(args.codec or ["raw"])]))
     with tempfile.TemporaryDirectory(prefix="medload-bench-") as tmp_name:

@@ -109,8 +109,8 @@ def prepare(root: str | os.PathLike, *, series: int, slices: int, samples: int, 
 def ingest_into(sources: Sequence[Path], store: Path, key_file: Path, windows: tuple[str, ...] = (),
                 workers: int = 1) -> None:
     from medload.config import IngestConfig
+    from medload.deid import KeyFile
     from medload.ingest import ingest
-    from medload.ingest.deid import KeyFile
 
     ingest([str(s) for s in sources], store, config=IngestConfig(workers=workers, windows=windows),
            key_file=KeyFile(key_file, new=True))  # a benchmark's own key, created on its first ingest

@@ -159,7 +159,7 @@ def run_bench(*, quick: bool = False, json_out: Path | None = None, data: Path |
     from medload.bench.common import machine
     from medload.bench.report import plot as draw
     from medload.bench.report import print_tables, section_tables
-    from medload.ingest.deid import create_key
+    from medload.deid import create_key
 
     started = time.perf_counter()
     sections = tuple(dict.fromkeys(s.strip().lower() for s in sections if s.strip()))

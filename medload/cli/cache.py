@@ -64,8 +64,8 @@ def warm(config: MedloadConfig, store: Path, hot_dir: Path | None, hot_budget: s
     With --rank R --world W: only the shards rank R of W reads when it trains on these series with
     DistributedPatientSampler (by patient, preferring local shards; same --seed as the run).
     """
-    from medload.cache.hot_shards import HotShards
     from medload.progress import progress_bar
+    from medload.storage.cache.hot_shards import HotShards
     from medload.storage.manifest import shard_path
     from medload.storage.store import open_store
 
@@ -110,7 +110,7 @@ def warm(config: MedloadConfig, store: Path, hot_dir: Path | None, hot_budget: s
 @click.pass_obj
 def status(config: MedloadConfig, store: Path | None, hot_dir: Path | None, hot_budget: str | None) -> None:
     """What the hot directory holds; with STORE, which of its shards are hot."""
-    from medload.cache.hot_shards import HotShards
+    from medload.storage.cache.hot_shards import HotShards
     from medload.storage.store import open_store
 
     cfg = _hot_config(config, hot_dir, hot_budget, None, need_budget=False)
@@ -136,7 +136,7 @@ def status(config: MedloadConfig, store: Path | None, hot_dir: Path | None, hot_
 @click.pass_obj
 def clear(config: MedloadConfig, hot_dir: Path | None, hot_budget: str | None) -> None:
     """Remove every copy from the hot directory (copies in progress elsewhere are left alone)."""
-    from medload.cache.hot_shards import HotShards
+    from medload.storage.cache.hot_shards import HotShards
 
     cfg = _hot_config(config, hot_dir, hot_budget, None, need_budget=False)
     freed = HotShards(cfg.hot_dir, cfg.hot_budget).clear()

@@ -19,7 +19,7 @@ from medload.storage.codec import CODECS, DEFAULT_CODEC
 from medload.storage.records import percent
 
 if TYPE_CHECKING:
-    from medload.ingest.deid import KeyFile
+    from medload.deid import KeyFile
 
 
 class _Source(click.Path):

@@ -15,7 +15,7 @@ from medload.cli.options import key_file_option
 from medload.config import MedloadConfig, with_overrides
 
 if TYPE_CHECKING:
-    from medload.ingest.deid import KeyFile
+    from medload.deid import KeyFile
 
 
 @cli.command()

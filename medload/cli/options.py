@@ -13,7 +13,7 @@ import click
 
 def _key_options(*, new: bool) -> Callable[[Callable], Callable]:
     """``--key-file`` and ``--allow-shared-key`` (and, for ingest, ``--new-key``), given to the command as one
-    ``key_file`` argument: a :class:`~medload.ingest.deid.KeyFile`."""
+    ``key_file`` argument: a :class:`~medload.deid.KeyFile`."""
     options = [
         click.option("--key-file", type=click.Path(path_type=Path), default=None,
                      help="The store's pseudonymisation key (default $MEDLOAD_KEY_FILE or "
@@ -30,7 +30,7 @@ def _key_options(*, new: bool) -> Callable[[Callable], Callable]:
     def decorate(command: Callable) -> Callable:
         @functools.wraps(command)
         def with_key_file(*args, key_file: Path | None, allow_shared_key: bool, new_key: bool = False, **kwargs):
-            from medload.ingest.deid import KeyFile
+            from medload.deid import KeyFile
 
             return command(*args, key_file=KeyFile(key_file, new=new_key, allow_shared=allow_shared_key), **kwargs)
 

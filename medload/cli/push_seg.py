@@ -12,7 +12,7 @@ from medload.cli.options import ca_bundle_option, credentials_option, key_file_o
 from medload.config import MedloadConfig
 
 if TYPE_CHECKING:
-    from medload.ingest.deid import KeyFile
+    from medload.deid import KeyFile
 
 
 def _segment(ctx, param, values: tuple[str, ...]) -> dict[int, str] | None:

@@ -483,7 +483,7 @@ class _WorkerL1:
         if self.budget is not None:
             from dataclasses import replace
 
-            from medload.cache.lru import cap_shared
+            from medload.storage.cache.lru import cap_shared
 
             info = cast("WorkerInfo", torch.utils.data.get_worker_info())  # None only outside a worker
             store = cast(_SlotDataset, info.dataset).dataset.store

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from medload.config import IngestConfig
+from medload.deid import Pseudonymizer
 from medload.errors import DiskFullError, MedloadError
 from medload.ingest.cluster import check_workers_see, connect
 from medload.ingest.discover import SourceRef
@@ -72,12 +73,12 @@ def cut_batches(sizes: Sequence[int], parts: int, limit: int) -> list[range]:
 
 
 # ---- tasks (run on the workers) -------------------------------------------------------------------
-def _pool(setup: tuple[bytes, IngestConfig]) -> IsolatedPool:
-    key, cfg = setup
-    return IsolatedPool(1, init_worker, (key, cfg), memory=cfg.worker_memory, timeout=cfg.decode_timeout)
+def _pool(setup: tuple[Pseudonymizer, IngestConfig]) -> IsolatedPool:
+    pseudo, cfg = setup
+    return IsolatedPool(1, init_worker, (pseudo, cfg), memory=cfg.worker_memory, timeout=cfg.decode_timeout)
 
 
-def _header_task(refs: list[SourceRef], setup: tuple[bytes, IngestConfig]
+def _header_task(refs: list[SourceRef], setup: tuple[Pseudonymizer, IngestConfig]
                  ) -> tuple[list[SliceHeader], list[LabelInput], list[RejectRecord]]:
     report = IngestReport(store="")
     labels: list[LabelInput] = []
@@ -96,7 +97,7 @@ class _BatchResult:
     slices: int = 0
 
 
-def _series_task(plans: list[SeriesPlan], shard_prefix: str, setup: tuple[bytes, IngestConfig]) -> _BatchResult:
+def _series_task(plans: list[SeriesPlan], shard_prefix: str, setup: tuple[Pseudonymizer, IngestConfig]) -> _BatchResult:
     cfg = setup[1]
     report = IngestReport(store="")
     path = Path(f"{shard_prefix}-{secrets.token_hex(4)}.lmdb")  # each attempt its own shard
@@ -114,14 +115,14 @@ class DaskEngine:
     """The header pass and the writing of series as tasks on the Dask cluster ``scheduler``
     (see :mod:`medload.ingest.cluster`), for :func:`medload.ingest.ingest`."""
 
-    def __init__(self, scheduler: str, cfg: IngestConfig, key: bytes, store: Path) -> None:
+    def __init__(self, scheduler: str, cfg: IngestConfig, pseudo: Pseudonymizer, store: Path) -> None:
         self.cfg = cfg
         self._run_dir: Path | None = None  # staging/dask-<run>, once write() made it
         self._connection = connect(scheduler, cfg.worker_count)
         self.client = self._connection.__enter__()
         try:
             self.threads = sum(w["nthreads"] for w in self.client.scheduler_info()["workers"].values())
-            self._setup = self.client.scatter((key, cfg), broadcast=True)
+            self._setup = self.client.scatter((pseudo, cfg), broadcast=True)
             self._run = secrets.token_hex(4)
         except BaseException:
             self.close()

@@ -29,10 +29,10 @@ from pydicom.uid import (
 )
 
 from medload.config import IngestConfig
+from medload.deid import Pseudonymizer
 from medload.errors import InputProblem
 from medload.ingest import tags
 from medload.ingest.deflated import read_deflated
-from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import SourceRef, open_source, read_source
 from medload.ingest.encapsulated import check_encapsulated
 from medload.ingest.labels import LABEL_SOP_CLASSES, LabelInput, label_input_from_dataset

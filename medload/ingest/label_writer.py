@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from medload.deid import Pseudonymizer
 from medload.errors import InputProblem
-from medload.ingest.deid import Pseudonymizer
 from medload.ingest.labels import LabelInput, label_fingerprint, label_source_name, place_label, pseudonymous
 from medload.ingest.report import IngestReport, LabelOutcome
 from medload.ingest.series import SeriesCandidate

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pydicom
 
+from medload.deid import Pseudonymizer
 from medload.errors import ConfigError, InputProblem
 from medload.ingest import tags
-from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import SourceRef, read_source
 from medload.labels import LabelVolume, SeriesGrid, mask_to_grid, rtstruct_to_grid, seg_to_grid
 

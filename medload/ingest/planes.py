@@ -85,7 +85,7 @@ def _clock_seconds(ds: Dataset, keyword: str) -> str:
     FrameAcquisitionDateTime (0018,9074) of a frame with its UTC offset applied; for a classic image
     AcquisitionTime (0008,0032) with AcquisitionDate (0008,0022) (seconds of the day where the date is
     absent), else AcquisitionDateTime (0008,002A). The date is read here only and never kept (see
-    :mod:`medload.ingest.deid`). "" when absent or malformed."""
+    :mod:`medload.deid`). "" when absent or malformed."""
     if keyword == "AcquisitionTime":
         time_of_day = _tm_seconds(tags.text(ds, "AcquisitionTime") or "")
         if not time_of_day:

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from medload.config import IngestConfig
+from medload.deid import KeyFile
 from medload.errors import ConfigError
-from medload.ingest.deid import KeyFile
 from medload.ingest.report import LabelOutcome, SeriesOutcome
 from medload.ingest.run import ingest
 from medload.storage.availability import read_shards

@@ -22,8 +22,8 @@ from typing import TypedDict
 
 from medload import windows as win
 from medload.config import IngestConfig
+from medload.deid import KeyFile, Pseudonymizer
 from medload.errors import ConfigError, InputProblem, NoDicomError
-from medload.ingest.deid import KeyFile, Pseudonymizer, load_key
 from medload.ingest.discover import DiscoveryProblem, SourceRef, discover, problem_sha256
 from medload.ingest.geometry import plan_geometry
 from medload.ingest.headers import SliceHeader
@@ -39,9 +39,10 @@ from medload.storage.manifest import STORE_LAYOUT, backup_path, manifest_path
 from medload.storage.records import RejectRecord
 from medload.storage.space import disk_full_is_error
 from medload.storage.store import open_store
+from medload.storage.store_key import load_store_key
 from medload.storage.writer import StoreWriter
 
-__all__ = ["ingest"]
+__all__ = ["ingest", "open_writer"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,8 @@ class _OutcomeFields(TypedDict):
 def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, config: IngestConfig | None = None,
            key_file: str | Path | KeyFile | None = None, progress: bool = False, labels: Sequence[str | Path] = (),
            roi_map: dict[str, list[str]] | None = None, force: Sequence[str] = (),
-           force_only: bool = False, scheduler: str | None = None, empty_ok: bool = False) -> IngestReport:
+           force_only: bool = False, scheduler: str | None = None, empty_ok: bool = False,
+           pseudonymizer: Pseudonymizer | None = None) -> IngestReport:
     """Ingest DICOM files, folders and zip/tar archives into the store at ``store``.
 
     Bad inputs never stop the run: they are quarantined in the store's ``rejects`` with a reason, and
@@ -81,6 +83,10 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     :mod:`medload.ingest.cluster`. The store is the same as without it, bar the grouping of series
     into shards. Not with ``force``.
 
+    The pseudonymisation key is ``key_file`` (see :func:`medload.deid.load_key`), or a
+    ``pseudonymizer`` already made from it by a caller that ingests in parts (PACS ingest, batch by
+    batch), so the key is loaded and checked once.
+
     Sources without any DICOM input (and no ``labels``, no ``force``) raise
     :class:`~medload.errors.NoDicomError`, naming what they hold; a store the call created for them is
     removed again, an existing one is left as it was. ``empty_ok`` makes such sources an empty run instead
@@ -102,8 +108,10 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     if force and scheduler is not None:
         raise ConfigError("--force replaces a few series: run it without --scheduler")
     started = time.perf_counter()
-    key = load_key(key_file, store=store)  # the store is checked before a key is created for it
-    pseudo = Pseudonymizer(key)
+    if pseudonymizer is not None and key_file is not None:
+        raise ConfigError("give the key (key_file) or a Pseudonymizer made from it, not both")
+    # the store is checked before a key is created for it
+    pseudo = pseudonymizer or Pseudonymizer(load_store_key(key_file, store))
     report = IngestReport(store=str(store))
     label_inputs: list[LabelInput] = []
     label_files: list[SourceRef] = []
@@ -111,7 +119,7 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
         masks, dicom = label_inputs_from_path(path, pseudo)
         label_inputs += masks
         label_files += dicom
-    with _engine(scheduler, cfg, key, Path(store)) as engine, _writer(Path(store), cfg, pseudo) as writer:
+    with _engine(scheduler, cfg, pseudo, Path(store)) as engine, open_writer(Path(store), cfg, pseudo) as writer:
         forced = set(writer.force(force))
         staging = writer.root / "staging"
         for old in staging.glob("spool-*"):
@@ -147,8 +155,11 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
 
 
 @contextmanager
-def _writer(root: Path, cfg: IngestConfig, pseudo: Pseudonymizer) -> Iterator[StoreWriter]:
-    """The store's writer; closing it publishes what was committed, also when the run stops on an error.
+def open_writer(root: Path, cfg: IngestConfig, pseudo: Pseudonymizer) -> Iterator[StoreWriter]:
+    """The store's writer for an ingest into ``root`` with these settings, the one way every ingest (files,
+    archives, a PACS) opens it: creating the store, or checking that its key, codec and windows match; a
+    full disk is a :class:`~medload.errors.DiskFullError`. Closing it publishes what was committed, also
+    when the run stops on an error.
     A store it created is removed again when the sources hold no DICOM (:class:`NoDicomError`)."""
     existed, new = root.exists(), not (manifest_path(root).exists() or backup_path(root).exists())
     with disk_full_is_error(root, "publish", "opening the store for writing (store.json, and publishing what an "
@@ -203,9 +214,9 @@ def _no_dicom(sources: list, report: IngestReport, root: Path) -> NoDicomError:
 class _LocalEngine:
     """The header pass and decoding in this machine's supervised processes (see :mod:`medload.ingest.stages`)."""
 
-    def __init__(self, cfg: IngestConfig, key: bytes) -> None:
+    def __init__(self, cfg: IngestConfig, pseudo: Pseudonymizer) -> None:
         self.cfg = cfg
-        self.pool = IsolatedPool(cfg.worker_count, init_worker, (key, cfg), memory=cfg.worker_memory,
+        self.pool = IsolatedPool(cfg.worker_count, init_worker, (pseudo, cfg), memory=cfg.worker_memory,
                                  timeout=cfg.decode_timeout)
 
     def __enter__(self) -> _LocalEngine:
@@ -223,12 +234,12 @@ class _LocalEngine:
         decode_and_write(self.pool, writer, plans, self.cfg, report, progress, labels)
 
 
-def _engine(scheduler: str | None, cfg: IngestConfig, key: bytes, store: Path):
+def _engine(scheduler: str | None, cfg: IngestConfig, pseudo: Pseudonymizer, store: Path):
     if scheduler is None:
-        return _LocalEngine(cfg, key)
+        return _LocalEngine(cfg, pseudo)
     from medload.ingest.dask_engine import DaskEngine
 
-    return DaskEngine(scheduler, cfg, key, store)
+    return DaskEngine(scheduler, cfg, pseudo, store)
 
 
 # ---- stages --------------------------------------------------------------------------------------

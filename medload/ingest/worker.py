@@ -1,6 +1,6 @@
 """Work done in decoding processes: header batches and decode-and-encode chunks.
 
-Workers receive the pseudonymisation key and settings once (:func:`init_worker`) and then only small
+Workers receive the run's pseudonymiser and settings once (:func:`init_worker`) and then only small
 task descriptions. A decode chunk covers consecutive slots of one series; it returns ready store
 values (codec payload + checksum; written into the shared-memory ring when the writer provides one),
 pre-windowed planes, per-slice digests and plausibility notes, so the single writer only has to
@@ -20,9 +20,9 @@ import xxhash
 from medload import windows as win
 from medload.allocator import keep_large_buffers_in_heap
 from medload.config import IngestConfig, format_size
+from medload.deid import Pseudonymizer
 from medload.errors import InputProblem
 from medload.ingest import plausibility
-from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import SourceRef, read_source
 from medload.ingest.headers import SliceHeader, read_headers
 from medload.ingest.isolation import mark
@@ -91,11 +91,11 @@ class _State:
     cfg: IngestConfig = IngestConfig()
 
 
-def init_worker(key: bytes, cfg: IngestConfig, *, own_process: bool = True) -> None:
-    """Process initializer: keep the key and settings for the tasks that follow. In a process of our
-    own (a pool worker) also tune the allocator for slice-sized buffers (see :mod:`medload.allocator`);
-    the caller's process keeps its settings."""
-    _State.pseudo = Pseudonymizer(key)
+def init_worker(pseudo: Pseudonymizer, cfg: IngestConfig, *, own_process: bool = True) -> None:
+    """Process initializer: keep the run's pseudonymiser and settings for the tasks that follow. In a
+    process of our own (a pool worker) also tune the allocator for slice-sized buffers (see
+    :mod:`medload.allocator`); the caller's process keeps its settings."""
+    _State.pseudo = pseudo
     _State.cfg = cfg
     if own_process:
         keep_large_buffers_in_heap()

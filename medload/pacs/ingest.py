@@ -4,7 +4,7 @@ holds, retrieve, ingest. Both protocols share everything here; they differ only 
 1. One series search with the user's matching keys: QIDO-RS, or a SERIES-level C-FIND
    (:mod:`medload.pacs.dimse`).
 2. Resume: a series whose keyed pseudonym of SeriesInstanceUID (0020,000E) -- computed exactly as the
-   header pass does, :meth:`~medload.ingest.deid.Pseudonymizer.uid` -- is in a stored record is not
+   header pass does, :meth:`~medload.deid.Pseudonymizer.uid` -- is in a stored record is not
    retrieved again (reported ``present``). Series with nothing stored (new, skipped, rejected, or cut
    off by a kill) are retrieved.
 3. Series are taken in batches of about ``spool_instances`` instances (a larger series is one batch).
@@ -37,19 +37,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from medload import windows as win
 from medload.config import IngestConfig
+from medload.deid import KeyFile, Pseudonymizer
 from medload.errors import ConfigError, DiskFullError, InputProblem, StoreError, StoreLockedError
-from medload.ingest.deid import KeyFile, Pseudonymizer, load_key
 from medload.ingest.report import IngestReport, SeriesOutcome
-from medload.ingest.run import ingest
+from medload.ingest.run import ingest, open_writer
 from medload.pacs.dicomweb import DicomWebClient, InstanceRef, RetryPolicy, SeriesRef, parse_query
 from medload.pacs.endpoint import check_ae_title, load_credentials, parse_dimse_endpoint, parse_endpoint, tls_context
 from medload.progress import progress_bar
 from medload.storage.records import RejectRecord
 from medload.storage.space import disk_full_is_error
 from medload.storage.store import open_store
-from medload.storage.writer import StoreWriter
+from medload.storage.store_key import load_store_key
 
 __all__ = ["RetrieveOptions", "ingest_dicomweb", "ingest_dimse", "Spool"]
 
@@ -97,12 +96,12 @@ def ingest_dicomweb(url: str, store: str | Path, *, query: str = "", credentials
     search = parse_query(query)
     creds = load_credentials(None if credentials is None else Path(credentials).expanduser())
     verify = tls_context(None if ca_bundle is None else Path(ca_bundle).expanduser())
-    pseudo = Pseudonymizer(load_key(key_file, store=store))
+    pseudo = Pseudonymizer(load_store_key(key_file, store))
     started = time.perf_counter()
     with DicomWebClient(endpoint, creds, verify=verify, connections=options.connections, timeout=options.timeout,
                         retry=options.retry) as client:
         found = client.search_series(search)
-        return _ingest_found(WadoRetriever(client, options), found, "dicomweb", store, config or IngestConfig(), key_file,
+        return _ingest_found(WadoRetriever(client, options), found, "dicomweb", store, config or IngestConfig(),
                              pseudo, progress, options, started)
 
 
@@ -123,12 +122,12 @@ def ingest_dimse(url: str, store: str | Path, *, query: str = "", calling_aet: s
     endpoint = parse_dimse_endpoint(url)
     search = parse_query(query)
     calling = check_ae_title(calling_aet, "--calling-aet")
-    pseudo = Pseudonymizer(load_key(key_file, store=store))
+    pseudo = Pseudonymizer(load_store_key(key_file, store))
     started = time.perf_counter()
     with DimseClient(endpoint, calling_aet=calling, timeout=options.timeout,
                      max_instance_bytes=options.max_instance_bytes) as client:
         found = client.search_series(search)
-        return _ingest_found(client, found, "dimse", store, config or IngestConfig(), key_file, pseudo, progress,
+        return _ingest_found(client, found, "dimse", store, config or IngestConfig(), pseudo, progress,
                              options, started)
 
 
@@ -145,35 +144,30 @@ class _Remote(Protocol):
 
 
 def _ingest_found(remote: _Remote, found: list[SeriesRef], spool_name: str, store: str | Path, cfg: IngestConfig,
-                  key_file: str | Path | KeyFile | None, pseudo: Pseudonymizer, progress: bool, options: RetrieveOptions,
+                  pseudo: Pseudonymizer, progress: bool, options: RetrieveOptions,
                   started: float) -> IngestReport:
     """Resume, then retrieve and ingest batch after batch, then record the retrieval rejects."""
     report = IngestReport(store=str(store))
-    _writer(store, cfg, pseudo).close()  # the store's key, codec, windows and lock are checked before any download
+    with open_writer(Path(store), cfg, pseudo):  # the store's key, codec, windows and lock, before any download
+        pass
     todo = _skip_stored(found, Path(store), pseudo, report)
     log.info("%s: %d series found, %d to retrieve", remote.base, len(found), len(todo))
     with Spool(Path(store) / "staging" / spool_name, pseudo, options.spool_instances) as spool:
         fetcher = _Fetcher(remote, pseudo, spool, report, progress)
         for complete in fetcher.batches(todo):
             if complete:
-                _merge(report, ingest(spool.path, store, config=cfg, key_file=key_file, progress=progress,
+                _merge(report, ingest(spool.path, store, config=cfg, pseudonymizer=pseudo, progress=progress,
                                       empty_ok=True))  # what a server sent may be no DICOM at all
             spool.clear()
     retrieve_rejects = [r for r in report.rejects if r.stage == "retrieve"]  # ingest() stored the others
     if retrieve_rejects:
-        with _writer(store, cfg, pseudo) as writer:
+        with open_writer(Path(store), cfg, pseudo) as writer, disk_full_is_error(writer.root, "commit",
+                                                                                    "writing quarantine records"):
             writer.put_rejects(retrieve_rejects)
     report.seconds = time.perf_counter() - started
     log.info("retrieved and ingested %d instances (%.1f MB) in %.1f s (%.0f instances/s)", report.files,
              report.bytes / 1e6, report.seconds, report.files_per_second)
     return report
-
-
-def _writer(store: str | Path, cfg: IngestConfig, pseudo: Pseudonymizer) -> StoreWriter:
-    """The store's writer with this run's settings (creates the store, or checks it matches them)."""
-    windows = tuple(w.name for w in win.parse_list(",".join(cfg.windows)))
-    return StoreWriter(Path(store), codec=cfg.codec, windows=windows, key_fingerprint=pseudo.fingerprint,
-                       shard_bytes=cfg.shard_bytes, share=cfg.share)
 
 
 def _skip_stored(found: list[SeriesRef], store: Path, pseudo: Pseudonymizer, report: IngestReport) -> list[SeriesRef]:

@@ -29,7 +29,6 @@ from pathlib import Path
 import xxhash
 
 from medload.errors import (
-    ConfigError,
     ManifestDamagedError,
     MedloadError,
     StoreError,
@@ -41,8 +40,7 @@ from medload.storage.sharing import PRIVATE, Sharing, check_setting, reconciled_
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry", "ShardKeys", "read_manifest",
            "write_manifest", "restore_manifest", "manifest_path", "backup_path", "shard_path", "staging_path",
-           "retired_path", "write_file_atomic", "fsync_dir", "file_digest", "replaced", "recorded_key_fingerprint",
-           "check_key_fingerprint"]
+           "retired_path", "write_file_atomic", "fsync_dir", "file_digest", "replaced", "recorded_key_fingerprint"]
 
 FORMAT_NAME = "medload-store"
 #: 2 added each shard's ``replaced`` sub-database (``ingest --force``, see :mod:`medload.storage.live`).
@@ -279,12 +277,3 @@ def recorded_key_fingerprint(root: Path) -> str | None:
     if not manifest_path(root).exists() and not backup_path(root).exists():
         return None
     return read_manifest(root).key_fingerprint
-
-
-def check_key_fingerprint(root: Path, recorded: str, used: str, key: Path | None = None) -> None:
-    """Refuse a pseudonymisation key (of fingerprint ``used``, read from ``key``) other than the one the store
-    at ``root`` was built with (``recorded``): the same patient would get two pseudonyms in one store."""
-    if used != recorded:
-        where = f" (the key in {key})" if key is not None else ""
-        raise ConfigError(f"{root} was built with pseudonymisation key {recorded}, this run uses {used}{where}: "
-                          "pass the store's key with --key-file (or MEDLOAD_KEY_FILE)")

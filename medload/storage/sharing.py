@@ -26,6 +26,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from medload.config import SHARE_GROUP as GROUP
+from medload.config import SHARE_PRIVATE as PRIVATE
+from medload.config import check_share_setting as check_setting
 from medload.errors import ConfigError
 
 __all__ = ["PRIVATE", "GROUP", "Sharing", "check_setting", "reconciled_setting", "sharing_of", "sharing_like",
@@ -33,17 +36,6 @@ __all__ = ["PRIVATE", "GROUP", "Sharing", "check_setting", "reconciled_setting",
 
 log = logging.getLogger(__name__)
 
-PRIVATE = "private"
-GROUP = "group"
-
-
-def check_setting(text: str) -> str:
-    """``text`` if it is a share setting (``private``, ``group`` or ``group:NAME``), else a ConfigError."""
-    kind, colon, name = text.partition(":")
-    if text == PRIVATE or (kind == GROUP and (not colon or name.strip() == name != "")):
-        return text
-    raise ConfigError(f"share setting {text!r}: use 'private' (the owner only), 'group' (the group of the store's "
-                      "folder reads it) or 'group:NAME'")
 
 
 def share_command(root: Path) -> str:

@@ -33,8 +33,6 @@ import lmdb
 import numpy as np
 
 from medload import windows
-from medload.cache.lru import shared_lru
-from medload.cache.tiered import ShardResolver
 from medload.config import CacheConfig, parse_size
 from medload.errors import (
     ChecksumError,
@@ -47,6 +45,8 @@ from medload.errors import (
 from medload.storage import read_spans
 from medload.storage import shard as sh
 from medload.storage.availability import Unavailable, read_shards, repair_hint, unavailable
+from medload.storage.cache.lru import shared_lru
+from medload.storage.cache.tiered import ShardResolver
 from medload.storage.keys import match_key, slice_key
 from medload.storage.live import merge
 from medload.storage.manifest import Manifest, ShardEntry, read_manifest, replaced, shard_path

@@ -55,7 +55,7 @@ def _attribute(manifest: Manifest, records: dict[bytes, SeriesRecord], hashes: s
                unmatched: list[Path]) -> dict[str, list[Path]]:
     """Files matching no stored hash, by the pseudonym of their SeriesInstanceUID (0020,000E), for series
     whose hashes are not all found; needs the store's pseudonymisation key (else finds nothing)."""
-    from medload.ingest.deid import Pseudonymizer, load_key
+    from medload.deid import Pseudonymizer, load_key
 
     wanted = {r.series for r in records.values() if any(h not in hashes for h in r.sources)}
     if not wanted or not unmatched:

@@ -40,6 +40,7 @@ from typing import Protocol
 
 import lmdb
 
+from medload.deid import check_key_fingerprint
 from medload.errors import ConfigError, StoreError, StoreLockedError
 from medload.storage import rejects
 from medload.storage import shard as sh
@@ -52,7 +53,6 @@ from medload.storage.manifest import (
     Manifest,
     ShardEntry,
     backup_path,
-    check_key_fingerprint,
     check_store_folder,
     file_digest,
     fsync_dir,

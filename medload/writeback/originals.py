@@ -1,10 +1,10 @@
 """Find the original DICOM series of a stored volume in a PACS, without the store ever holding its UIDs.
 
-The store keeps only keyed pseudonyms (:mod:`medload.ingest.deid`). To reference the originals:
+The store keeps only keyed pseudonyms (:mod:`medload.deid`). To reference the originals:
 
 1. Search the PACS for series (QIDO-RS or C-FIND; the user's matching keys, and Modality (0008,0060) of
    the stored series) and keep the one whose SeriesInstanceUID (0020,000E) has the stored ``series``
-   pseudonym under the store's key (:meth:`~medload.ingest.deid.Pseudonymizer.uid`); its
+   pseudonym under the store's key (:meth:`~medload.deid.Pseudonymizer.uid`); its
    StudyInstanceUID (0020,000D) must have the stored ``study`` pseudonym too.
 2. Retrieve its instances into a private temporary folder and read their headers exactly as ingest does
    (:func:`~medload.ingest.headers.read_headers`, :func:`~medload.ingest.series.group_series`,
@@ -31,8 +31,8 @@ import pydicom
 from pydicom import Dataset
 
 from medload.config import IngestConfig
+from medload.deid import Pseudonymizer
 from medload.errors import InputProblem, MedloadError
-from medload.ingest.deid import Pseudonymizer
 from medload.ingest.discover import SourceRef
 from medload.ingest.geometry import plan_geometry
 from medload.ingest.headers import SliceHeader, read_headers

@@ -30,13 +30,14 @@ from pydicom.sr.codedict import codes
 from pydicom.sr.coding import Code
 
 from medload.config import IngestConfig
+from medload.deid import KeyFile, Pseudonymizer
 from medload.errors import ConfigError
-from medload.ingest.deid import KeyFile, Pseudonymizer, load_key
 from medload.labels.grid import LabelProblem, SeriesGrid
 from medload.labels.masks import mask_to_grid
 from medload.pacs.dicomweb import parse_query
 from medload.storage.records import SeriesRecord
 from medload.storage.store import Store, open_store
+from medload.storage.store_key import load_store_key
 from medload.version import __version__
 from medload.writeback.originals import find_source_series
 from medload.writeback.pacs import PacsConnection, connect
@@ -169,7 +170,7 @@ def _opened(store: Store | str | Path) -> Iterator[Store]:
 
 def _store_pseudonymizer(store: Store, key_file: str | Path | KeyFile | None) -> Pseudonymizer:
     """The pseudonymiser of the store's key; ConfigError for another key (its pseudonyms would match nothing)."""
-    return Pseudonymizer(load_key(key_file, store=store.path))
+    return Pseudonymizer(load_store_key(key_file, store.path))
 
 
 def _mask_on_grid(mask, record: SeriesRecord) -> np.ndarray:
