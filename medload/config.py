@@ -95,7 +95,7 @@ class IngestConfig:
     """How ``medload ingest`` decides and works. Policies reject by default; each names the problem.
 
     Attributes:
-        workers: decoding processes (``None``: all cores); each input is read and decoded in one of
+        workers: decode processes (``None``: all cores); each input is read and decoded in one of
             them, never in the writing process (see :mod:`medload.ingest.isolation`).
         codec: slice codec for a new store (see :mod:`medload.storage.codec`).
         windows: names of pre-windowed uint8 planes to store besides HU (see :mod:`medload.windows`);
