@@ -181,7 +181,7 @@ class CacheConfig:
         l1_bytes: budget of decoded slices kept in this process (0 disables L1). Every process (each
             DataLoader worker) has its own, shared by all its Stores, with the largest budget any of
             them asked for; except that the workers of a loader over a dataset more than 8 times the
-            budget share it, each keeping 1/num_workers (see :func:`medload.data.loader.worker_l1`).
+            budget share it, each keeping 1/num_workers (see :func:`medload.data.slots.worker_l1`).
         hot_dir: local-SSD directory for verified shard copies (L2); ``None`` disables L2.
         hot_budget: bytes the hot directory may hold; the least recently used copies are evicted.
         fetch: ``"background"``: a shard read from the store is copied to the hot directory by a

@@ -13,17 +13,13 @@ PACKAGE = "medload.data"
 ROOT = REPO / "medload" / "data"
 
 
-def _module_name(path) -> str:
-    return PACKAGE if path.name == "__init__.py" else f"{PACKAGE}.{path.stem}"
-
-
-def import_graph() -> dict[str, set[str]]:
+def import_graph(root=ROOT, package: str = PACKAGE) -> dict[str, set[str]]:
     """Each module of medload/data -> the modules of medload/data it imports, anywhere in its source.
 
     ``from medload.data.x import y`` is an edge to ``x`` (or to ``x.y`` where that is a module);
     ``from medload.data import y`` to module ``y`` where there is one, else to the package itself.
     The package's own ``__init__``, run whenever a submodule is imported, is not counted as an edge."""
-    modules = {_module_name(p): p for p in sorted(ROOT.glob("*.py"))}
+    modules = {package if p.name == "__init__.py" else f"{package}.{p.stem}": p for p in sorted(root.glob("*.py"))}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         edges: set[str] = set()
@@ -33,7 +29,7 @@ def import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 targets = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
             elif isinstance(node, ast.ImportFrom):  # relative: resolved against this package
-                base = PACKAGE if node.level == 1 else PACKAGE.rsplit(".", node.level - 1)[0]
+                base = package if node.level == 1 else package.rsplit(".", node.level - 1)[0]
                 module = f"{base}.{node.module}" if node.module else base
                 targets = [f"{module}.{alias.name}" for alias in node.names] + [module]
             else:
@@ -86,10 +82,16 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_the_graph_sees_imports_inside_functions():
-    graph = import_graph()
-    assert "medload.data.autotune" in graph["medload.data.loader"]   # make_loader resolves "auto" with it
-    assert "medload.data.loader" in graph["medload.data.profile"]     # profile_training builds a loader
+def test_the_graph_sees_imports_inside_functions_and_under_type_checking(tmp_path):
+    (tmp_path / "a.py").write_text("from pkg.b import run\n")
+    (tmp_path / "b.py").write_text("def run():\n    from pkg import a\n    return a\n")
+    (tmp_path / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import d\n")
+    (tmp_path / "d.py").write_text("import pkg.c\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert graph == {"pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}, "pkg.c": {"pkg.d"}, "pkg.d": {"pkg.c"}}
+    assert cycles(graph) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
+    real = import_graph()
+    assert "medload.data.autotune" in real["medload.data.loader"]  # make_loader resolves "auto" with it
 
 
 def test_medload_data_has_no_import_cycle():
