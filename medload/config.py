@@ -14,6 +14,10 @@ table per section::
     hot_dir = "/local/ssd/medload"    # L2: verified copies of shards on local disk
     hot_budget = "200GB"
 
+    [loader]
+    batch_size = 16
+    num_workers = "auto"              # loader processes, or measure and choose
+
 Each value is checked against its field's annotation, from TOML and from Python alike: a boolean is
 ``true``/``false`` (the string ``"false"`` is an error), an integer is not ``"4"``, a byte size (a field
 with ``metadata={"unit": "bytes"}``) is an integer or a size string such as ``"2GB"``, and ``windows`` is
@@ -24,6 +28,7 @@ a list of names or one name. A wrong value is a :class:`~medload.errors.ConfigEr
 from __future__ import annotations
 
 import contextlib
+import enum
 import numbers
 import os
 import re
@@ -35,6 +40,7 @@ from dataclasses import Field, dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 
+from medload import windows
 from medload.errors import ConfigError
 
 if typing.TYPE_CHECKING:
@@ -45,8 +51,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["IngestConfig", "CacheConfig", "MedloadConfig", "load_config", "with_overrides", "parse_size", "format_size",
-           "affinity_cores", "RENAMED"]
+__all__ = ["IngestConfig", "CacheConfig", "LoaderConfig", "MedloadConfig", "load_config", "with_overrides", "parse_size",
+           "format_size", "affinity_cores", "RENAMED", "FROM_CONFIG", "choose"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
@@ -103,7 +109,7 @@ class IngestConfig:
     """How ``medload ingest`` decides and works. Policies reject by default; each names the problem.
 
     Attributes:
-        workers: decoding processes (``None``: all cores); each input is read and decoded in one of
+        workers: decode processes (``None``: all cores); each input is read and decoded in one of
             them, never in the writing process (see :mod:`medload.ingest.isolation`).
         codec: slice codec for a new store (see :mod:`medload.storage.codec`).
         windows: names of pre-windowed uint8 planes to store besides HU (see :mod:`medload.windows`);
@@ -195,7 +201,7 @@ class CacheConfig:
         l1_bytes: budget of decoded slices kept in this process (0 disables L1). Every process (each
             DataLoader worker) has its own, shared by all its Stores, with the largest budget any of
             them asked for; except that the workers of a loader over a dataset more than 8 times the
-            budget share it, each keeping 1/num_workers (see :func:`medload.data.loader.worker_l1`).
+            budget share it, each keeping 1/num_workers (see :func:`medload.data.slots.worker_l1`).
         hot_dir: local-SSD directory for verified shard copies (L2); ``None`` disables L2.
         hot_budget: bytes the hot directory may hold; the least recently used copies are evicted.
         fetch: ``"background"``: a shard read from the store is copied to the hot directory by a
@@ -223,20 +229,113 @@ class CacheConfig:
                               "the [cache] table of the config file (e.g. \"50GB\")")
 
 
+#: the batch dtypes a loader hands out, by name (see :func:`medload.data.make_loader`'s ``dtype``)
+LOADER_DTYPES = ("float32", "float64", "float16", "bfloat16", "int16", "uint8")
+_CONTEXTS = ("fork", "spawn", "forkserver")
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """How a training loader runs: :func:`~medload.data.make_loader` (``config=``),
+    :class:`~medload.lightning.StoreDataModule` (``config=``), ``profile_training`` / ``medload profile``
+    and ``pipelines/train_segmentation.py`` take it, and the ``[loader]`` table of a config file holds it.
+    A keyword given explicitly wins over the config (see each of them).
+
+    Attributes:
+        batch_size: samples per batch. ``None``: the tool's default (``make_loader`` needs one; the
+            data module and the pipeline take 8, ``medload profile`` 4).
+        num_workers: loader processes (DataLoader workers), or ``"auto"``: measure and choose (see
+            :mod:`medload.data.autotune`). ``None``: the tool's default (0; the pipeline 2).
+        window: HU window applied on the device (a preset, ``"350/50"``...). ``None``: the tool's default
+            (no window; ``medload profile`` and the pipeline: ``soft_tissue``).
+        dtype: of the image batches: ``"float32"``, ``"float64"``, ``"float16"``, ``"bfloat16"``, or the
+            stored ``"int16"`` / ``"uint8"`` (batches as stored, unwindowed).
+        drop_last: drop each matrix size's last partial batch.
+        prefetch_factor: batches each worker reads ahead (``None``: 2, or what ``"auto"`` chooses).
+        persistent_workers: keep workers between epochs (``None``: when there are workers).
+        multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"`` (``None``: torch's default).
+        pin_memory: copy to CUDA through pinned buffers (``None``: on CUDA).
+        memory_budget: bytes ``"auto"`` may spend (``None``: a quarter of the free memory, at most 4 GB).
+        meta: batches as MONAI ``MetaTensor`` with each sample's affine.
+
+    Examples:
+        >>> cfg = LoaderConfig(batch_size=16, num_workers="auto", memory_budget="2GB", dtype="bfloat16")
+        >>> cfg.memory_budget, cfg.num_workers
+        (2000000000, 'auto')
+    """
+
+    batch_size: int | None = None
+    num_workers: int | str | None = None
+    window: str | None = None
+    dtype: str = "float32"
+    drop_last: bool = False
+    prefetch_factor: int | None = None
+    persistent_workers: bool | None = None
+    multiprocessing_context: str | None = None
+    pin_memory: bool | None = None
+    memory_budget: int | None = field(default=None, metadata=_BYTES)
+    meta: bool = False
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"batch_size must be at least 1, got {self.batch_size}")
+        workers = self.num_workers
+        if isinstance(workers, str) and workers != "auto" or isinstance(workers, int) and workers < 0:
+            raise ConfigError(f'num_workers must be a whole number >= 0 or "auto", got {workers!r}')
+        if self.window is not None:
+            windows.get(self.window)
+        if self.dtype not in LOADER_DTYPES:
+            raise ConfigError(f"dtype {self.dtype!r}: use one of {', '.join(LOADER_DTYPES)}")
+        if self.prefetch_factor is not None and self.prefetch_factor < 1:
+            raise ConfigError(f"prefetch_factor must be at least 1, got {self.prefetch_factor}")
+        if self.multiprocessing_context not in (None, *_CONTEXTS):
+            raise ConfigError(f"multiprocessing_context {self.multiprocessing_context!r}: use one of {', '.join(_CONTEXTS)}")
+        if self.memory_budget is not None and self.memory_budget <= 0:
+            raise ConfigError(f"memory_budget must be positive, got {self.memory_budget}")
+
+
+class FromConfig(enum.Enum):
+    """The default of a keyword that a config can set: :data:`FROM_CONFIG`."""
+
+    FROM_CONFIG = "FROM_CONFIG"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+#: a keyword not given: the setting comes from the ``config=`` passed beside it, else the tool's default
+FROM_CONFIG = FromConfig.FROM_CONFIG
+_T = typing.TypeVar("_T")
+
+
+def choose(given: _T | FromConfig, configured: _T | None, default: _T) -> _T:
+    """A setting's value: the keyword ``given`` explicitly, else the config's (where not None), else ``default``.
+
+    Examples:
+        >>> choose(FROM_CONFIG, LoaderConfig(num_workers=4).num_workers, 0), choose(2, 4, 0), choose(FROM_CONFIG, None, 0)
+        (4, 2, 0)
+    """
+    if not isinstance(given, FromConfig):
+        return given
+    return default if configured is None else configured
+
+
 @dataclass(frozen=True)
 class MedloadConfig:
     """All settings: one section per stage."""
 
     ingest: IngestConfig = field(default_factory=IngestConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
 
     def __post_init__(self) -> None:
         _check_fields(self)
 
 
 #: old TOML keys of renamed settings, per section: still read (with a DeprecationWarning) until the next release
-RENAMED = {"ingest": {"shard_size": "shard_bytes"}, "cache": {"l1": "l1_bytes"}}
-_SECTIONS = {"ingest": IngestConfig, "cache": CacheConfig}
+RENAMED: dict[str, dict[str, str]] = {"ingest": {"shard_size": "shard_bytes"}, "cache": {"l1": "l1_bytes"}, "loader": {}}
+_SECTIONS = {"ingest": IngestConfig, "cache": CacheConfig, "loader": LoaderConfig}
 
 
 @cache
@@ -259,7 +358,13 @@ def _convert(value, hint, unit: str | None, name: str):
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(hint):
             return None
-        (hint,) = (a for a in typing.get_args(hint) if a is not type(None))
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(options) > 1:  # the first type that takes the value (num_workers: a count, or "auto")
+            for option in options:
+                with contextlib.suppress(ConfigError):
+                    return _convert(value, option, unit, name)
+            raise ConfigError(f"{name} = {value!r} is not of type {' or '.join(o.__name__ for o in options)}")
+        (hint,) = options
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -324,9 +429,9 @@ def _section(table, section: str, where: str):
 
 
 def load_config(path: str | os.PathLike | None = None) -> MedloadConfig:
-    """Settings from a TOML file (sections ``[ingest]`` and ``[cache]``); defaults without a file.
+    """Settings from a TOML file (sections ``[ingest]``, ``[cache]`` and ``[loader]``); defaults without a file.
 
-    Keys are the field names of :class:`IngestConfig` and :class:`CacheConfig`; the old names in
+    Keys are the field names of :class:`IngestConfig`, :class:`CacheConfig` and :class:`LoaderConfig`; the old names in
     :data:`RENAMED` still work, with a DeprecationWarning, until the next release.
     """
     if path is None:
@@ -337,7 +442,7 @@ def load_config(path: str | os.PathLike | None = None) -> MedloadConfig:
         raise ConfigError(f"cannot read config {path}: {exc}") from None
     unknown = sorted(set(doc) - set(_SECTIONS))
     if unknown:
-        raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}; use [ingest] and [cache]")
+        raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}; use [ingest], [cache] and [loader]")
     sections = {}
     for name in _SECTIONS:  # a loop, not a comprehension: the stack level of the rename warning is _section's caller's
         sections[name] = _section(doc.get(name, {}), name, f"{path} [{name}]")

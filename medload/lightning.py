@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
+from medload.config import FROM_CONFIG, FromConfig, LoaderConfig, choose
 from medload.data import (
     AugmentConfig,
     BatchAugment,
@@ -61,7 +62,8 @@ class StoreDataModule(lightning.LightningDataModule):
             "bone"]}`` to merge on purpose): see :class:`~medload.data.SliceDataset`.
         plane, modality, kernel, thickness, keys, orientation: passed to the datasets (``keys`` filters the
             series before the split).
-        batch_size, num_workers, window: as in :func:`~medload.data.make_loader`.
+        batch_size, num_workers, window: as in :func:`~medload.data.make_loader` (default: ``config``'s, else
+            8, 0 and no window).
         augment: for training batches: True (the default :class:`~medload.data.AugmentConfig`), an
             ``AugmentConfig``, or a callable ``(image, label) -> (image, label)``; None: no augmentation.
         sampler: the training order: ``"uniform"``, ``"foreground"`` (needs labels), ``"grouped"`` (one
@@ -72,6 +74,9 @@ class StoreDataModule(lightning.LightningDataModule):
         seed: of the split, the training order and the augmentation.
         device: where batches are made; None: the trainer's device (the CPU without a trainer).
         loader_options: further :func:`~medload.data.make_loader` arguments (``dtype``, ``prefetch_factor``...).
+        config: a :class:`~medload.config.LoaderConfig` (e.g. ``load_config(path).loader``, the ``[loader]``
+            table) for both loaders; the keywords above and ``loader_options`` win over it. Its order is the
+            sampler's (``sampler=``, ``seed=``).
 
     After ``setup()``: ``split`` (a :class:`PatientSplit`), ``train_dataset`` and ``val_dataset`` (None
     without validation).
@@ -88,10 +93,11 @@ class StoreDataModule(lightning.LightningDataModule):
                  stride: int | None = None, plane: str | None = None, labels: bool | str | None = None,
                  classes=None, modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
                  thickness: tuple[float, float] | None = None, keys=None,
-                 orientation: str | Sequence[str] | None = None, batch_size: int = 8,
-                 num_workers: int | str = 0, window=None, augment: bool | AugmentConfig | Callable | None = None,
+                 orientation: str | Sequence[str] | None = None, batch_size: int | FromConfig = FROM_CONFIG,
+                 num_workers: int | str | FromConfig = FROM_CONFIG, window=FROM_CONFIG,
+                 augment: bool | AugmentConfig | Callable | None = None,
                  sampler: str | Callable = "uniform", val_fraction: float = 0.2, seed: int = 0,
-                 device=None, loader_options: Mapping | None = None) -> None:
+                 device=None, loader_options: Mapping | None = None, config: LoaderConfig | None = None) -> None:
         super().__init__()
         if depth is not None and context is not None:
             raise ConfigError("pass context= (2.5D slices) or depth= (3D slabs), not both")
@@ -103,6 +109,8 @@ class StoreDataModule(lightning.LightningDataModule):
         if not (callable(sampler) or isinstance(sampler, str) and sampler in _SAMPLERS):
             raise ConfigError(f"sampler must be one of {', '.join(_SAMPLERS)} or a callable taking the training "
                               f"dataset; got {sampler!r}")
+        if config is not None and not isinstance(config, LoaderConfig):
+            raise ConfigError(f"config must be a LoaderConfig (medload.config), got {type(config).__name__}")
         self.store = store
         self.context, self.depth, self.stride = (1 if context is None and depth is None else context), depth, stride
         check_labels_choice(labels)
@@ -110,7 +118,10 @@ class StoreDataModule(lightning.LightningDataModule):
                                                 "modality": modality, "kernel": kernel, "thickness": thickness,
                                                 "orientation": orientation}
         self.keys = keys
-        self.batch_size, self.num_workers, self.window = batch_size, num_workers, window
+        self.loader_config = LoaderConfig() if config is None else config
+        self.batch_size = choose(batch_size, self.loader_config.batch_size, 8)
+        self.num_workers = choose(num_workers, self.loader_config.num_workers, 0)
+        self.window = choose(window, self.loader_config.window, None)
         self.augment, self.sampler, self.val_fraction, self.seed = augment, sampler, val_fraction, seed
         self.device, self.loader_options = device, dict(loader_options or {})
         self.split: PatientSplit | None = None
@@ -133,7 +144,8 @@ class StoreDataModule(lightning.LightningDataModule):
         """Training batches in the chosen sampler's order, new each epoch (Lightning calls ``set_epoch``)."""
         ds = self._built(self.train_dataset)
         return make_loader(ds, self.batch_size, self.num_workers, self._device(), window=self.window,
-                           sampler=self._train_sampler(ds), augment=self._augment(), **self.loader_options)
+                           sampler=self._train_sampler(ds), augment=self._augment(), config=self.loader_config,
+                           **self.loader_options)
 
     def val_dataloader(self):
         """Validation batches in index order (no validation patients: an empty list, which Lightning skips)."""
@@ -146,7 +158,7 @@ class StoreDataModule(lightning.LightningDataModule):
             sampler = DistributedPatientSampler.from_dataset(ds, rank=rank, world_size=world_size, seed=self.seed,
                                                              shuffle=False, even="none")
         return make_loader(ds, self.batch_size, self.num_workers, self._device(), window=self.window,
-                           shuffle=False, sampler=sampler, **self.loader_options)
+                           shuffle=False, sampler=sampler, config=self.loader_config, **self.loader_options)
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _dataset(self, keys) -> SliceDataset | SlabDataset:

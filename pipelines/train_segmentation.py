@@ -1,7 +1,7 @@
 """Train a MONAI UNet on a medload store: 2.5D (2D UNet, neighbour slices as channels) or 3D slabs.
 
     python pipelines/train_segmentation.py --store stores/sample --quick
-    python pipelines/train_segmentation.py --store STORE --epochs 50 --batch-size 16 --workers 8 --device cuda
+    python pipelines/train_segmentation.py --store STORE --epochs 50 --batch-size 16 --num-workers 8 --device cuda
     python pipelines/train_segmentation.py --store STORE --3d --depth 32
     torchrun --nproc_per_node 4 pipelines/train_segmentation.py --store STORE --seed 0
 
@@ -30,15 +30,23 @@ bone``: the target is then "voxels above 300 HU" of the centre slice (2.5D) or o
 from the HU on the device.
 
     python pipelines/train_segmentation.py --store stores/ct --quick --classes liver,spleen --query "kernel == 'B30f'"
+
+Loader settings (medload.config.LoaderConfig) come from the flags, else the [loader] table of --config FILE,
+else the defaults: --batch-size 8, --num-workers 2, --window soft_tissue (--quick: batch 4, no workers). The
+table's other settings (dtype, prefetch_factor, pin_memory...) go to make_loader as they are; its window is
+applied here, after the demo target is read from the HU. --workers is the old spelling of --num-workers (it
+warns, and goes in the next release).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import cast
 
@@ -50,6 +58,7 @@ from monai.metrics import compute_dice
 from torch.nn.parallel import DistributedDataParallel
 
 from medload import open_store, windows
+from medload.config import LoaderConfig, load_config
 from medload.data import (AugmentConfig, BatchAugment, DistributedPatientSampler, SlabDataset, SliceDataset,
                           locality_order, make_loader, sample_layout)
 from medload.data.labelling import parse_classes, stored_class_names
@@ -72,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--3d", dest="three_d", action="store_true", help="3D UNet on slabs instead of 2.5D")
     ap.add_argument("--context", type=int, default=1, help="2.5D: neighbour slices on each side")
     ap.add_argument("--depth", type=int, default=16, help="3D: slab depth")
-    ap.add_argument("--window", default="soft_tissue")
+    ap.add_argument("--window", default=None, help="window applied to the HU (default: [loader] window, else soft_tissue)")
     ap.add_argument("--demo-target", choices=["bone"], help="train on a threshold target when the store has no labels")
     ap.add_argument("--labels", choices=["only", "all"], default="only",
                     help="only: train on the selected series that have labels, leaving the others out (logged); "
@@ -88,8 +97,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="series filter: slice thickness range in mm")
     ap.add_argument("--orientation", default=None, choices=ORIENTATIONS, help="series filter: the plane of the slices")
     ap.add_argument("--epochs", type=int, default=20)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=None, help="default: [loader] batch_size, else 8 (--quick: 4)")
+    ap.add_argument("--num-workers", type=int, default=None,
+                    help="loader processes (DataLoader workers); default: [loader] num_workers, else 2 (--quick: 0)")
+    ap.add_argument("--workers", dest="old_workers", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--config", type=Path, default=None, help="TOML settings: its [loader] table (see docs/cli.md)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--downsample", type=int, default=1, help="average-pool inputs by this factor (speed)")
@@ -100,9 +112,26 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="a short CPU-sized run: by default 4 epochs, batch 4, 2x downsampled, no workers, small net")
     args = ap.parse_args(argv)
     if args.quick:  # defaults only: flags given explicitly win
-        ap.set_defaults(epochs=4, batch_size=4, downsample=2, workers=0)
+        ap.set_defaults(epochs=4, downsample=2)
         args = ap.parse_args(argv)
+    if args.old_workers is not None:
+        if args.num_workers is not None:
+            ap.error("--workers and --num-workers are one option: give --num-workers only")
+        warnings.warn("--workers is now --num-workers; the old spelling stops working in the next release",
+                      FutureWarning, stacklevel=2)
+        args.num_workers = args.old_workers
+    config = LoaderConfig() if args.config is None else load_config(args.config).loader
+    args.batch_size = _first(args.batch_size, config.batch_size, 4 if args.quick else 8)
+    args.num_workers = _first(args.num_workers, config.num_workers, 0 if args.quick else 2)
+    args.window = _first(args.window, config.window, "soft_tissue")
+    # the rest of [loader] goes to make_loader; the window is applied in the training step (after the demo target)
+    args.loader = dataclasses.replace(config, batch_size=args.batch_size, num_workers=args.num_workers, window=None)
     return args
+
+
+def _first(flag, configured, default):
+    """A loader setting: the flag given, else the [loader] table's, else the pipeline's default."""
+    return next(v for v in (flag, configured, default) if v is not None)
 
 
 def init_distributed(device: str) -> tuple[int, int, torch.device]:
@@ -232,7 +261,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
 
     train_sampler, val_sampler = sampler(train_idx, True), sampler(val_idx, False)
     # HU batches: the window is applied here, after the demo target (if any) is read from the HU
-    train_batches, val_batches = (make_loader(dataset, args.batch_size, args.workers, device, sampler=s)
+    train_batches, val_batches = (make_loader(dataset, device=device, sampler=s, config=args.loader)
                                   for s in (train_sampler, val_sampler))
     dims = 3 if args.three_d else 2
     channels = 1 if args.three_d else 2 * args.context + 1

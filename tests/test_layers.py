@@ -3,11 +3,10 @@ every module -- those inside functions too, which hide an upward import as well 
 
 from __future__ import annotations
 
-import ast
 from collections import defaultdict
-from pathlib import Path
 
 from conftest import REPO
+from import_graph import cycles, imports, module_name
 
 PACKAGE = REPO / "medload"
 #: Bottom to top. A part may import its own layer's parts and those of the layers below, never above.
@@ -25,11 +24,6 @@ LAYERS: tuple[frozenset[str], ...] = (
 FORBIDDEN = {("bench", "cli")}
 
 
-def _module(path: Path, root: Path = REPO) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _part(module: str) -> str | None:
     """The top-level part of the package a module belongs to (None: the package's own ``__init__``, the facade
     that re-exports from every layer)."""
@@ -37,29 +31,13 @@ def _part(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else None
 
 
-def _imports(path: Path, root: Path = REPO) -> set[str]:
-    """Every medload module ``path`` imports, at module level or inside a function."""
-    module, out = _module(path, root), set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                package = module.split(".")[: len(module.split(".")) - node.level + (path.name == "__init__.py")]
-                base = ".".join(package + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            out |= {base} | {f"{base}.{a.name}" for a in node.names}
-    return {m for m in out if m.split(".")[0] == "medload"}
-
-
 def _part_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = defaultdict(set)
     for path in sorted(PACKAGE.rglob("*.py")):
-        source = _part(_module(path))
+        source = _part(module_name(path, REPO))
         if source is None:
             continue
-        graph[source] |= {p for p in map(_part, _imports(path)) if p is not None and p != source}
+        graph[source] |= {p for p in map(_part, imports(path, REPO)) if p is not None and p != source}
     return graph
 
 
@@ -70,7 +48,7 @@ def _layer(part: str) -> int:
 
 
 def test_every_part_of_the_package_has_a_layer():
-    parts = {_part(_module(p)) for p in PACKAGE.rglob("*.py")} - {None}
+    parts = {_part(module_name(p, REPO)) for p in PACKAGE.rglob("*.py")} - {None}
     assert parts == set().union(*LAYERS), "LAYERS and the package's folders disagree"
 
 
@@ -83,18 +61,8 @@ def test_no_part_imports_a_layer_above_it():
 def test_the_parts_of_one_layer_do_not_import_each_other_in_a_circle():
     graph = _part_graph()
     for layer in LAYERS:
-        done: set[str] = set()
-
-        def visit(part: str, path: tuple[str, ...], layer=layer, done=done) -> None:
-            if part in path:
-                raise AssertionError(f"import cycle: {' -> '.join((*path[path.index(part):], part))}")
-            if part not in done:
-                for nxt in graph[part] & layer:
-                    visit(nxt, (*path, part))
-                done.add(part)
-
-        for part in sorted(layer):
-            visit(part, ())
+        found = cycles({part: graph[part] & layer for part in layer})
+        assert found == [], f"parts of one layer importing each other in a circle: {found}"
 
 
 def test_the_checks_see_an_import_inside_a_function(tmp_path):
@@ -102,4 +70,4 @@ def test_the_checks_see_an_import_inside_a_function(tmp_path):
     module = tmp_path / "medload" / "storage" / "x.py"
     module.parent.mkdir(parents=True)
     module.write_text("def f():\n    from medload.ingest.run import ingest\n    from ..data import loader\n")
-    assert {"medload.ingest.run", "medload.data", "medload.data.loader"} <= _imports(module, tmp_path)
+    assert {"medload.ingest.run", "medload.data", "medload.data.loader"} <= imports(module, tmp_path)

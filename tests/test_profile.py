@@ -66,10 +66,12 @@ def test_stage_times_add_up_to_the_wall_time(sample_store, workers, device):
 def test_profiling_ends_cleanly(sample_store):
     original = Store._planes
     loader = make_loader(SliceDataset(open_store(sample_store), context=0), 4, 0)
+    store = loader.dataset.store
     with profile(loader):
         next(iter(loader))
-        assert Store._planes is not original  # the read path is being timed
-    assert Store._planes is original and loader.profiler is None and not loader.loader.dataset.control[0]
+        assert store._observers is not None  # the read path is being timed: a read observer on the store
+    assert store._observers is None and loader.profiler is None and not loader.loader.dataset.control[0]
+    assert Store._planes is original  # by an observer: no method of the store is ever patched
     assert len(list(loader)) == len(loader)  # and the loader goes on, untimed
 
 

@@ -113,7 +113,7 @@ class _Run:
 @click.option("--debug", is_flag=True, help="Debug log output, and the traceback of an error (as -vv).")
 @click.version_option(package_name="medload", message="medload %(version)s")
 @click.option("--config", "config_file", type=click.Path(exists=True, path_type=Path), default=None,
-              help="TOML settings ([ingest], [cache]); command-line flags override them.")
+              help="TOML settings ([ingest], [cache], [loader]); command-line flags override them.")
 @click.pass_context
 def cli(ctx: click.Context, verbose: int, debug: bool, config_file: Path | None) -> None:
     """medload: CT/DICOM archives to an LMDB slice store for PyTorch/MONAI training.

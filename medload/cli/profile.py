@@ -8,10 +8,12 @@ from pathlib import Path
 import click
 
 from medload.cli.app import Device, cli, console, read_config, renamed
-from medload.config import MedloadConfig
+from medload.config import FROM_CONFIG, FromConfig, MedloadConfig
 
 
-def _workers(value: str) -> int | str:
+def _workers(value: str | None) -> int | str | FromConfig:
+    if value is None:
+        return FROM_CONFIG
     if value == "auto":
         return value
     try:
@@ -23,11 +25,14 @@ def _workers(value: str) -> int | str:
 @cli.command("profile")
 @click.argument("store", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="TOML settings; its [cache] section says how the store is read (instead of the global --config).")
-@click.option("--batch-size", type=int, default=4, show_default=True)
-@click.option("--num-workers", default="0", show_default=True, help="DataLoader workers, or 'auto'.")
+              help="TOML settings; its [cache] section says how the store is read and its [loader] section how the "
+                   "loader runs (instead of the global --config).")
+@click.option("--batch-size", type=int, default=None, help="Samples per batch (default: [loader] batch_size, else 4).")
+@click.option("--num-workers", default=None,
+              help="Loader processes (DataLoader workers), or 'auto' (default: [loader] num_workers, else 0).")
 @click.option("--steps", type=int, default=20, show_default=True, help="Training steps to time.")
-@click.option("--window", default="soft_tissue", show_default=True, help="Window preset, WIDTH/LEVEL (350/50) or W350/L50.")
+@click.option("--window", default=None,
+              help="Window preset, WIDTH/LEVEL (350/50) or W350/L50 (default: [loader] window, else soft_tissue).")
 @click.option("--context", type=int, default=1, show_default=True, help="2.5D neighbour slices on each side.")
 @click.option("--device", type=Device(), default="cpu", show_default=True, help="cpu, cuda, cuda:1...")
 @click.option("--model", type=click.Choice(["small", "full", "none"]), default="small", show_default=True,
@@ -36,17 +41,20 @@ def _workers(value: str) -> int | str:
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON instead of the table.")
 @click.pass_obj
 @renamed("--workers", "--num-workers")
-def profile_cmd(config: MedloadConfig, store: Path, config_file: Path | None, batch_size: int, num_workers: str,
-                steps: int, window: str, context: int, device: str, model: str, augment: bool, as_json: bool) -> None:
+def profile_cmd(config: MedloadConfig, store: Path, config_file: Path | None, batch_size: int | None,
+                num_workers: str | None, steps: int, window: str | None, context: int, device: str, model: str,
+                augment: bool, as_json: bool) -> None:
     """Time each stage of the training input (store reads per cache tier, decode, collate, copy, window,
     augment, waiting) and a training step; print a table and a verdict (input- or compute-bound)."""
     from medload.data.profile import profile_training
     from medload.storage.store import open_store
 
-    cache = (read_config(config_file) if config_file is not None else config).cache
-    report, tuning = profile_training(open_store(store, cache=cache), batch_size=batch_size,
-                                      num_workers=_workers(num_workers), steps=steps, window=window, context=context,
-                                      device=device, model=model, augment=augment)
+    settings = read_config(config_file) if config_file is not None else config
+    report, tuning = profile_training(open_store(store, cache=settings.cache),
+                                      batch_size=FROM_CONFIG if batch_size is None else batch_size,
+                                      num_workers=_workers(num_workers), steps=steps,
+                                      window=FROM_CONFIG if window is None else window, context=context,
+                                      device=device, model=model, augment=augment, config=settings.loader)
     if as_json:
         click.echo(json.dumps({**report.to_dict(), "tuning": None if tuning is None else tuning.to_dict()}, indent=2))
         return

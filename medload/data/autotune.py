@@ -1,7 +1,8 @@
 """``make_loader(..., num_workers="auto")``: loader settings from a short measurement on this store and machine.
 
 1. **Measure** (:func:`measure_costs`): a few batches of distinct random samples are read through the
-   real loader with ``num_workers=0`` under :func:`medload.data.profile.profile`, which gives per batch
+   real loader (:func:`~medload.data.build.build_loader`) with ``num_workers=0`` under
+   :func:`medload.data.profile.profile`, which gives per batch
    the reader's cost ``r`` (store reads, decode, collate: what a worker would do) and the trainer's
    cost ``m`` (copy, cast, window, augment). The first batch (opening the store) is not counted.
    When the dataset's decoded slices fit a reader's L1 cache (:func:`dataset_bytes`), every epoch
@@ -30,11 +31,15 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import asdict, dataclass, replace
+from time import perf_counter
 
 import numpy as np
 import torch
 
 from medload.config import affinity_cores, format_size, parse_size
+from medload.data.build import build_loader
+from medload.data.slots import slot_count
+from medload.data.stage_times import profile
 from medload.errors import ConfigError
 
 __all__ = ["LoaderTuning", "LoaderCosts", "tune_loader", "measure_costs", "measured_rate", "choose_settings",
@@ -129,8 +134,6 @@ def dataset_bytes(dataset) -> int:
 
 def loader_memory(num_workers: int, prefetch_factor: int, batch_bytes: int, l1_bytes: int, pinned: bool) -> int:
     """Bytes a loader holds: its batch slots, pinned staging (two batches) and one L1 per reading process."""
-    from medload.data.loader import slot_count
-
     return (slot_count(num_workers, prefetch_factor) * batch_bytes + (2 * batch_bytes if pinned else 0)
             + max(num_workers, 1) * l1_bytes)
 
@@ -196,12 +199,7 @@ def _timed_pass(dataset, order: list[int], batch_size: int, device: torch.device
                 **loader_kw) -> tuple[list[float], float, float]:
     """Read ``order`` through a real ``num_workers=0`` loader under the profiler: each batch's reader
     seconds, the trainer's mean seconds per batch (copy, window, augment), and the reads' CPU share."""
-    from time import perf_counter
-
-    from medload.data.loader import make_loader
-    from medload.data.profile import profile
-
-    loader = make_loader(dataset, batch_size, 0, device, sampler=order, shuffle=False, **loader_kw)
+    loader = build_loader(dataset, batch_size, 0, device, sampler=order, **loader_kw)
     reads, busy, cpu, trainer, started = [], 0.0, 0.0, 0.0, perf_counter()
     with profile(loader) as prof:
         batches = iter(loader)
@@ -236,13 +234,9 @@ def measured_rate(dataset, batch_size: int, device: torch.device, tuning: Loader
         >>> measured_rate(SliceDataset(store), 8, torch.device("cpu"), loader.tuning)  # doctest: +SKIP
         96.1
     """
-    from time import perf_counter
-
-    from medload.data.loader import make_loader
-
-    loader = make_loader(dataset, batch_size, tuning.num_workers, device, sampler=_measure_order(dataset, batch_size, seed),
-                         shuffle=False, prefetch_factor=tuning.prefetch_factor, pin_memory=tuning.pin_memory,
-                         persistent_workers=False, **loader_kw)
+    loader = build_loader(dataset, batch_size, tuning.num_workers, device, sampler=_measure_order(dataset, batch_size, seed),
+                          prefetch_factor=tuning.prefetch_factor, pin_memory=tuning.pin_memory,
+                          persistent_workers=False, **loader_kw)
     batches = iter(loader)
     next(batches)
     t0 = perf_counter()

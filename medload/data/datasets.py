@@ -37,7 +37,6 @@ from medload.data.layout import sample_affine
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
 from medload.storage.selection import thick_enough
-from medload.storage.shard import LABELS
 from medload.storage.store import Store
 
 __all__ = ["SliceDataset", "SlabDataset"]
@@ -188,11 +187,10 @@ class _StoreDataset(torch.utils.data.Dataset):
         samples = [self._sample(i) for i in indices]
         if not samples:
             return
-        self.store._prefetch([(rec, *self._span(rec, z)) for rec, z in samples],
-                             self.store._plane(samples[0][0], self.plane)[0])
+        self.store.prefetch([(rec.key_bytes, *self._span(rec, z)) for rec, z in samples], plane=self.plane)
         if self.labels:
             depth = int(np.prod(self._label_shape(1, 1)[1:-2]))  # slices per label: 1 (2.5D) or the slab's depth
-            self.store._prefetch([(rec, z, z + depth) for rec, z in samples], LABELS)
+            self.store.prefetch_labels([(rec.key_bytes, z, z + depth) for rec, z in samples])
 
     def read_labels(self, indices: Sequence[int], label: np.ndarray) -> None:
         """Fill ``label`` (B, 1, ...) with the label maps of the samples ``indices``."""
@@ -316,7 +314,7 @@ class SliceDataset(_StoreDataset):
         read-only; the edge slices repeated)."""
         rec, z = self._sample(i)
         a, e, lo = self._edges(rec, z)
-        planes = self.store._planes(rec, *self.store._plane(rec, self.plane), a, e, None, transient=True)
+        planes = self.store.planes(rec.key_bytes, a, e, plane=self.plane, transient=True)
         return [planes[0]] * lo + planes + [planes[-1]] * (self.channels - lo - (e - a))
 
 
@@ -365,4 +363,4 @@ class SlabDataset(_StoreDataset):
     def _item_planes(self, i: int) -> list[np.ndarray]:
         """Sample ``i``'s slices as a list of (H, W) arrays (see :meth:`SliceDataset._item_planes`)."""
         rec, z = self._sample(i)
-        return self.store._planes(rec, *self.store._plane(rec, self.plane), z, z + self.depth, None, transient=True)
+        return self.store.planes(rec.key_bytes, z, z + self.depth, plane=self.plane, transient=True)

@@ -2,7 +2,7 @@
 
 Each process that reads batches (the trainer with ``num_workers=0``, or each DataLoader worker) has one
 background thread. Before reading batch n, the reader hands the thread the batches it will read next
-(``batch.ahead``, see :class:`medload.data.loader._SlotBatchSampler`) that it has not announced yet; the
+(``batch.ahead``, see :class:`medload.data.slots._SlotBatchSampler`) that it has not announced yet; the
 thread finds their slices in the store and asks the kernel to read them (:meth:`medload.Store.prefetch`),
 while the reader decodes batch n. Asking is cheap to the reader but not free to the machine -- on a cold page cache the
 kernel spends about half a millisecond per 2.5D sample allocating pages and queueing their reads -- so

@@ -20,7 +20,9 @@ those that halve the bytes of HU int16 slices (figures in docs/store.md, "Slice 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from time import perf_counter
 from types import ModuleType
 
 import numpy as np
@@ -135,11 +137,13 @@ def value_shape(value: bytes | memoryview) -> tuple[int, int]:
     return rows, cols
 
 
-def decode_value(value: bytes | memoryview, *, verify: bool = True, out: np.ndarray | None = None) -> np.ndarray:
+def decode_value(value: bytes | memoryview, *, verify: bool = True, out: np.ndarray | None = None,
+                 on_decode: Callable[[float], None] | None = None) -> np.ndarray:
     """Decode one store value to a 2-D array; with ``verify``, check its xxh3_64 first.
 
     ``out``, when given, must be a C-contiguous array of the value's shape and dtype; it is filled and
-    returned (this is how slab reads decode straight into one preallocated volume).
+    returned (this is how slab reads decode straight into one preallocated volume). ``on_decode`` is
+    called with the seconds the decompression took (a read observer's hook, :mod:`medload.storage.observe`).
     """
     view = memoryview(value)
     dtype, codec, rows, cols = _parse_header(view)
@@ -152,8 +156,11 @@ def decode_value(value: bytes | memoryview, *, verify: bool = True, out: np.ndar
         out = np.empty((rows, cols), dtype=dtype)
     elif out.shape != (rows, cols) or out.dtype != dtype or not out.flags.c_contiguous:
         raise ConfigError(f"output buffer {out.shape} {out.dtype} does not fit a {rows}x{cols} {dtype} slice")
+    t0 = perf_counter() if on_decode is not None else 0.0
     try:
         codec.decompress_into(body[_HEADER.size :], out)
     except (ValueError, RuntimeError) as exc:
         raise ChecksumError(f"slice payload does not decode as {rows}x{cols} {dtype}: {exc}") from exc
+    if on_decode is not None:
+        on_decode(perf_counter() - t0)
     return out

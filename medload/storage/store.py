@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 import lmdb
@@ -35,12 +36,10 @@ import numpy as np
 from medload import windows
 from medload.config import CacheConfig, parse_size
 from medload.errors import (
-    ChecksumError,
     ConfigError,
     SeriesNotFoundError,
     ShardUnavailableError,
     StoreError,
-    StoreFormatError,
 )
 from medload.storage import read_spans
 from medload.storage import shard as sh
@@ -49,13 +48,15 @@ from medload.storage.cache.lru import shared_lru
 from medload.storage.cache.tiered import ShardResolver
 from medload.storage.keys import match_key, slice_key
 from medload.storage.live import merge
-from medload.storage.manifest import Manifest, ShardEntry, read_manifest, replaced, shard_path
+from medload.storage.manifest import Manifest, read_manifest, replaced, shard_path
+from medload.storage.observe import Observers, ReadObserver
 from medload.storage.read_spans import span_end
 from medload.storage.records import LabelRecord, RejectRecord, SeriesRecord
 from medload.storage.rejects import current as current_rejects
 from medload.storage.selection import require_series, slab_starts, thick_enough
+from medload.storage.slab_reads import ShardReplaced, read_planes
 from medload.storage.uri import monai_items
-from medload.storage.value_reads import advise_values, read_values
+from medload.storage.value_reads import advise_values
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -111,6 +112,7 @@ class Store:
         self._labels: dict[bytes, LabelRecord] | None = None
         self._unavailable: list[Unavailable] = []
         self._tiers = ShardResolver(self.path, self.cache)
+        self._observers: Observers | None = None  # see observe()
 
     # ---- pickling, refresh, close -----------------------------------------------------------
     def __getstate__(self) -> dict:
@@ -133,6 +135,19 @@ class Store:
         store reopen them on their next read)."""
         sh.close_reader_envs([shard_path(self.path, s.name) for s in self.manifest.shards])
         self._tiers.close()
+
+    def observe(self, observer: ReadObserver) -> ReadObserver:
+        """Call ``observer``'s hooks on every read of this Store object, in this process, until
+        :meth:`unobserve` (see :mod:`medload.storage.observe`); returns it. Registering it again does nothing."""
+        held = () if self._observers is None else self._observers.observers
+        if observer not in held:
+            self._observers = Observers((*held, observer))
+        return observer
+
+    def unobserve(self, observer: ReadObserver) -> None:
+        """Stop calling ``observer`` (one that is not registered: nothing to do)."""
+        held = tuple(o for o in (() if self._observers is None else self._observers.observers) if o is not observer)
+        self._observers = Observers(held) if held else None
 
     def _meta_env(self, shard_name: str) -> lmdb.Environment:
         return sh.reader_env(shard_path(self.path, shard_name), self._entries[shard_name].bytes)
@@ -326,18 +341,21 @@ class Store:
         return self._read(rec, sh.LABELS, np.dtype(label.dtype), z0, z1, verify, out, shard=label.shard)
 
     def planes(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, plane: str | None = None,
-               verify: bool | None = None, window: str | None = None) -> list[np.ndarray]:
+               verify: bool | None = None, window: str | None = None, transient: bool = False) -> list[np.ndarray]:
         """Slices ``z0 <= z < z1`` as a list of ``(rows, columns)`` arrays, without copying what the L1
         cache holds: its arrays are returned themselves (read-only), slices it lacks are decoded (and
         cached). For a caller that converts each slice anyway -- the loader casts them straight into a
-        float batch -- this saves a copy of every slice. Arguments as :meth:`read`.
+        float batch -- this saves a copy of every slice. Arguments as :meth:`read`; ``transient``: the
+        slices the L1 does not keep are decoded into this thread's scratch buffer instead of new arrays,
+        valid until its next transient read (for a caller that converts each slice at once).
 
         Examples:
             >>> [p.shape for p in store.planes(store.series()[0].key, 0, 2)]
             [(512, 512), (512, 512)]
         """
         rec = self.record(key)
-        return self._planes(rec, *self._plane(rec, _plane_arg(plane, window, "planes")), z0, z1, verify)
+        return self._planes(rec, *self._plane(rec, _plane_arg(plane, window, "planes")), z0, z1, verify,
+                            transient=transient)
 
     def _read(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None,
               verify: bool | None, out: np.ndarray | None = None, shard: str | None = None) -> np.ndarray:
@@ -356,10 +374,21 @@ class Store:
         they are, the rest decoded into new arrays -- or, ``transient``, into this thread's scratch
         buffer, valid until its next transient read: for a caller that converts each slice at once).
         Where the shard was replaced since ``store.json`` was read, reads again from its replacement."""
+        if self._observers is not None:
+            slices, t0 = span_end(rec, z0, z1) - z0, perf_counter()
+            try:
+                return self._planes_again(rec, db, dtype, z0, z1, verify, out, shard, transient)
+            finally:
+                self._observers.read(slices, perf_counter() - t0)
+        return self._planes_again(rec, db, dtype, z0, z1, verify, out, shard, transient)
+
+    def _planes_again(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None,
+                      verify: bool | None, out: np.ndarray | None, shard: str | None, transient: bool) -> list[np.ndarray]:
+        """:meth:`_planes`, read again (at most three times) from a shard's replacement."""
         for _ in range(3):
             try:
                 return self._planes_in(rec, db, dtype, z0, z1, verify, out, shard, transient)
-            except _ShardReplaced as gone:
+            except ShardReplaced as gone:
                 log.info("shard %s of %s was replaced since store.json was read: reading it again", gone, self.path)
                 self.refresh()
                 rec = self.record(rec.key_bytes)
@@ -369,66 +398,11 @@ class Store:
 
     def _planes_in(self, rec: SeriesRecord, db: bytes, dtype: np.dtype, z0: int, z1: int | None, verify: bool | None,
                    out: np.ndarray | None, shard: str | None, transient: bool) -> list[np.ndarray]:
-        """:meth:`_planes` from the shards this Store knows.
-
-        L1 first; then each run of misses is read with one range scan. A miss the L1 admits is decoded
-        into an array of its own, which the L1 keeps without a copy (unless it went into ``out``)."""
-        z1 = span_end(rec, z0, z1)
-        verify = self.cache.verify if verify is None else verify
-        entry = self._entries[shard or rec.shard]
-        key = rec.key_bytes
+        """:meth:`_planes` from the shards this Store knows (:func:`~medload.storage.slab_reads.read_planes`)."""
         lru = shared_lru(self.cache.l1_bytes) if self.cache.l1_bytes else None
-        planes: list = [None] * (z1 - z0)
-        missing = list(range(z0, z1))
-        if lru is not None:
-            missing = []
-            for z in range(z0, z1):
-                hit = lru.get((entry.digest, db, slice_key(key, z)))
-                if hit is None:
-                    missing.append(z)
-                elif out is None:
-                    planes[z - z0] = hit
-                else:
-                    out[z - z0] = planes[z - z0] = hit
-        hw = (rec.shape[1], rec.shape[2])
-        nbytes = hw[0] * hw[1] * dtype.itemsize
-        scratch = read_spans.scratch(len(missing), hw, dtype) if transient and out is None and missing else None
-        spare = iter(scratch) if scratch is not None else None
-        for a, b in read_spans.runs(missing):
-            kept = [lru is not None and lru.admits((entry.digest, db, slice_key(key, z)), nbytes) for z in range(a, b)]
-            for z, keep in zip(range(a, b), kept):
-                if out is not None:
-                    planes[z - z0] = out[z - z0]
-                elif spare is not None and not keep:
-                    planes[z - z0] = next(spare)
-                else:
-                    planes[z - z0] = np.empty(hw, dtype=dtype)
-            self._scan(entry, db, key, a, b, planes[a - z0 : b - z0], verify)
-            for z, keep in zip(range(a, b), kept):
-                if keep and lru is not None:  # kept only where there is an L1
-                    lru.put((entry.digest, db, slice_key(key, z)), planes[z - z0], copy=out is not None)
-        return planes
-
-    def _scan(self, entry: ShardEntry, db: bytes, key: bytes, z0: int, z1: int, targets: list[np.ndarray],
-              verify: bool) -> None:
-        try:
-            env, tier, path = self._tiers.env(entry)
-            try:
-                nbytes = read_values(env, path, db, key, z0, z1, targets, verify)
-            except (StoreError, lmdb.Error) as exc:
-                if tier != "l2":
-                    raise
-                self._tiers.damaged(entry, exc)
-                env, tier, path = self._tiers.env(entry)
-                nbytes = read_values(env, path, db, key, z0, z1, targets, verify)
-        except (StoreError, lmdb.Error) as exc:
-            if not isinstance(exc, (ChecksumError, StoreFormatError)) and replaced(self.path, entry):
-                raise _ShardReplaced(entry.name) from None
-            plane = "" if db == sh.SLICES else f" ({db.decode()})"
-            what = f"slices {z0}-{z1 - 1}{plane} of series {key.hex()[:12]} in shard {entry.name} of {self.path}"
-            error = type(exc) if isinstance(exc, (ChecksumError, StoreFormatError)) else ShardUnavailableError
-            raise error(f"{what} do not read ({exc}): {repair_hint(self.path)}") from None
-        self._tiers.count(tier, z1 - z0, nbytes)
+        return read_planes(self._tiers, self._entries[shard or rec.shard], rec, db, dtype, z0, span_end(rec, z0, z1),
+                           self.cache.verify if verify is None else verify, out=out, transient=transient, lru=lru,
+                           observers=self._observers)
 
     # ---- read-ahead --------------------------------------------------------------------------
     def prefetch(self, spans, *, plane: str | None = None, labels: bool = False, window: str | None = None) -> None:
@@ -451,6 +425,12 @@ class Store:
             if labels:
                 self._prefetch([item for item in items if self._all_labels().get(item[0].key_bytes)], sh.LABELS)
 
+    def prefetch_labels(self, spans) -> None:
+        """:meth:`prefetch` of the label maps of ``spans`` (``(key, z0, z1)`` each) alone, for a caller
+        whose labels span other slices than its images (a 2.5D stack's label is its centre slice's)."""
+        items = [(self.record(key), z0, z1) for key, z0, z1 in spans]
+        self._prefetch([item for item in items if self._all_labels().get(item[0].key_bytes)], sh.LABELS)
+
     def _prefetch(self, items: list[tuple[SeriesRecord, int, int]], db: bytes) -> None:
         """:meth:`prefetch` of ``(record, z0, z1)`` spans of sub-database ``db`` (``LABELS``: their labels)."""
         lru = shared_lru(self.cache.l1_bytes) if self.cache.l1_bytes else None
@@ -471,10 +451,6 @@ class Store:
                     self.refresh()  # read-ahead only: the reads themselves find the replacement
                     return
                 advise_values(env, path, db, runs)
-
-
-class _ShardReplaced(Exception):
-    """A shard this Store read of is no longer in ``store.json``: :meth:`Store._planes` reads again."""
 
 
 def _plane_arg(plane: str | None, window: str | None, method: str) -> str | None:

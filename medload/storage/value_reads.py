@@ -34,6 +34,7 @@ import struct
 import threading
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -304,10 +305,10 @@ def forget(path: Path) -> None:
 
 
 def read_values(env: lmdb.Environment, path: Path, db_name: bytes, key: bytes, z0: int, z1: int,
-                targets: list[np.ndarray], verify: bool) -> int:
+                targets: list[np.ndarray], verify: bool, on_decode: Callable[[float], None] | None = None) -> int:
     """Decode slices ``z0..z1-1`` of series ``key`` into ``targets`` (one C-contiguous 2-D array each):
     found by reading the tree's pages, read with one pread per run of neighbouring values; returns the
-    bytes of stored values read."""
+    bytes of stored values read. ``on_decode``: as :func:`~medload.storage.codec.decode_value`'s."""
     from medload.storage.codec import decode_value, value_shape
 
     vf = value_file(path, env)
@@ -318,7 +319,7 @@ def read_values(env: lmdb.Environment, path: Path, db_name: bytes, key: bytes, z
         if value_shape(view) != out.shape:
             raise StoreError(f"slice {z0 + i} of series {key.hex()[:12]} has shape {value_shape(view)}, "
                              f"record says {out.shape}: the store is damaged; run `medload verify`")
-        decode_value(view, verify=verify, out=out)
+        decode_value(view, verify=verify, out=out, on_decode=on_decode)
     return sum(v.length for v in found)
 
 

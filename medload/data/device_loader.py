@@ -1,0 +1,173 @@
+"""The trainer's side of the fast loader: :class:`DeviceLoader` takes each batch off its slot, onto the
+training device, as float, windowed (and augmented) there.
+
+It iterates a torch DataLoader built over the slot dataset of :mod:`medload.data.slots` (by
+:mod:`medload.data.build`): only slot numbers and small meta dicts come from the workers. On CUDA a
+batch goes through pinned staging buffers, asynchronously; on the CPU the cast and window run piece
+by piece, each piece staying in the CPU's cache, on the cores the workers leave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import cast
+
+import torch
+
+from medload import windows as win
+from medload.config import affinity_cores
+from medload.data.batch_meta import as_meta_batch, sample_keys
+from medload.data.buffers import PinnedStaging, Recycler
+from medload.data.slots import _CACHED_BYTES, _Scale, _SlotBatchSampler, _SlotDataset, _views
+
+__all__ = ["DeviceLoader"]
+
+
+def _no_mark(stage: str | None, meta: dict | None = None) -> None:
+    """The profiler's stage clock when no profile runs: nothing."""
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@contextmanager
+def _intra_op_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads capped at ``threads`` for the block (None: as they are).
+
+    The loader casts and windows a batch on the CPU while its workers read the next ones; with torch's
+    default of a thread per core the two oversubscribe the CPU, and the window then runs on the cores
+    the workers leave (docs/benchmarks.md, "Design measurements")."""
+    before = torch.get_num_threads()
+    if threads is None or threads >= before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class DeviceLoader:
+    """Iterates batches as ``{"image": float (B, C, ...) on device, windowed to 0..1 (or HU without a
+    window), "label": (B, 1, ...) as stored (uint8), "key": [B series keys], "z": int64 (B,),
+    "index": int64 (B,)}`` -- the datasets' sample schema, batched: ``index`` is each sample's position
+    in the dataset (``dataset.item_affine(i)`` maps it back to the patient), ``z`` its slice (2.5D: the
+    centre; 3D: the first). With ``meta=True`` image and label are MONAI MetaTensors with the affines.
+
+    ``tuning`` holds what ``num_workers="auto"`` chose and why (None otherwise); ``profiler`` is set
+    while :func:`medload.data.profile.profile` times this loader's stages.
+
+    Examples:
+        >>> loader = make_loader(SliceDataset(store), batch_size=8, window="soft_tissue")
+        >>> sorted(next(iter(loader)))     # the sample store has a label
+        ['image', 'index', 'key', 'label', 'z']
+    """
+
+    def __init__(self, loader: torch.utils.data.DataLoader, buffers: torch.Tensor, device: torch.device,
+                 window: win.Window | None, dtype: torch.dtype, augment=None, *, pin_memory: bool | None = None,
+                 tuning=None, meta: bool = False) -> None:
+        self.loader, self.buffers, self.device, self.window, self.dtype, self.augment = (
+            loader, buffers, device, window, dtype, augment)
+        self.dataset = cast(_SlotDataset, loader.dataset).dataset  # make_loader builds it over a _SlotDataset
+        self.meta = meta
+        self.tuning, self.profiler = tuning, None
+        self._scale = _Scale(self.dataset.plane, window)
+        pin = device.type == "cuda" if pin_memory is None else pin_memory and device.type == "cuda"
+        self._staging = PinnedStaging() if pin else None
+        self._recycler = Recycler() if device.type == "cpu" else None
+        workers = loader.num_workers
+        self._threads = max(1, affinity_cores() - workers) if device.type == "cpu" and workers else None
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the sampler and the augmentation (reproducible per epoch)."""
+        cast(_SlotBatchSampler, self.loader.batch_sampler).set_epoch(epoch)
+        if hasattr(self.augment, "set_epoch"):
+            self.augment.set_epoch(epoch)
+
+    @property
+    def sampler(self) -> DeviceLoader:
+        """The loader itself: PyTorch Lightning's ``Trainer`` calls ``dataloader.sampler.set_epoch(epoch)``
+        every epoch, which reaches :meth:`set_epoch` (sampler and augmentation) this way."""
+        return self
+
+    batch_sampler = None  # Lightning looks for one beside ``sampler``; the batching is the loader's own
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        ds = self.dataset
+        mark = _no_mark if self.profiler is None else self.profiler.mark  # stage clock (medload.data.profile)
+        mark(None)
+        batches = iter(self.loader)  # starts the workers (first epoch, or every epoch if not persistent)
+        mark("start")
+        for meta in batches:
+            mark("wait", meta)
+            image, label = _views(self.buffers[meta["slot"]].numpy(), meta["image_shape"], ds.dtype,
+                                  meta["label_shape"], ds.label_dtype)
+            owned = "image" in meta  # a float batch already: cast as it was read (num_workers=0, CPU)
+            image = meta["image"] if owned else torch.from_numpy(image)
+            if self._staging is not None:  # GPU: through pinned memory, asynchronously
+                image = self._staging.to_device(image, self.device)
+            if label is not None:  # copied off the slot before the slot is reused
+                label = self._transfer(torch.from_numpy(label))
+            index = torch.tensor(meta["index"], dtype=torch.int64, device=self.device)
+            mark("copy")
+            out = {"image": self._to_float(image, owned), "index": index}
+            if label is not None:
+                out["label"] = label
+            mark("window")
+            if self.augment is not None:
+                out["image"], augmented = self.augment(out["image"], out.get("label"))
+                if augmented is not None:
+                    out["label"] = augmented
+                mark("augment")
+            out.update(sample_keys(ds, meta["index"]))
+            if self.meta:
+                out = as_meta_batch(out, ds)
+            try:
+                yield out
+            finally:  # also when the caller stops early (the generator is closed at its yield)
+                mark("step")
+            # hold no reference to the batch just handed out: once the caller drops it, its buffer is free
+            # for the next (medload.data.buffers.Recycler)
+            del out, image, label, meta
+
+    def _transfer(self, host: torch.Tensor) -> torch.Tensor:
+        """The slot's array on the device, in its stored dtype (int16/uint8), no longer using the slot."""
+        if self._staging is not None:
+            return self._staging.to_device(host, self.device)
+        return host.to(self.device, copy=True)
+
+    def _to_float(self, x: torch.Tensor, owned: bool = False) -> torch.Tensor:
+        """A float copy of ``x`` on the device (so the slot ``x`` may view is free), windowed in place
+        (``owned``: ``x`` is such a float batch already, cast and windowed as it was read); for a
+        stored ``dtype`` (int16/uint8), a copy of ``x`` on the device as it is.
+
+        Half precision (float16/bfloat16) is windowed in float32 and then cast, so the only error is
+        the final rounding of values in 0..1."""
+        if owned:
+            return x
+        if not self.dtype.is_floating_point:  # passed through as stored, e.g. to be windowed in the model
+            if x.device != self.device:
+                return x.to(self.device)  # unpinned, to the GPU (a pinned batch is on the device already)
+            return self._empty(x, x.dtype).copy_(x) if self.device.type == "cpu" else x  # off the slot on the CPU
+        work = torch.float32 if self.dtype in _HALF else self.dtype
+        image = self._empty(x, work)
+        if self.device.type == "cpu":  # the passes run piece by piece, each piece staying in the CPU's cache
+            planes, out = x.reshape(-1, *x.shape[-2:]), image.view(-1, *x.shape[-2:])
+            step = max(1, _CACHED_BYTES // (out[0].numel() * out.element_size()))
+            with _intra_op_threads(self._threads):
+                for i in range(0, len(planes), step):
+                    self._scale(out[i : i + step].copy_(planes[i : i + step]))
+        else:
+            self._scale(image.copy_(x))
+        return image if work == self.dtype else self._empty(image, self.dtype).copy_(image)
+
+    def _empty(self, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised tensor shaped like ``like`` on the device (a recycled buffer on the CPU)."""
+        if self._recycler is None:
+            return torch.empty(like.shape, dtype=dtype, device=self.device)
+        return self._recycler.empty(like.shape, dtype)
