@@ -23,8 +23,8 @@ import pytest
 from conftest import PHILIPS
 from misfit_labels import make_misfits
 
+from medload import deid
 from medload.config import IngestConfig
-from medload.ingest import deid
 from medload.ingest.run import ingest
 from medload.storage.records import SeriesRecord
 from medload.storage.store import open_store
