@@ -35,7 +35,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
@@ -211,112 +211,29 @@ def run_bench(*, quick: bool = False, json_out: Path | None = None, data: Path |
     return results
 
 
+@dataclass
+class _Inputs:
+    """What the loading and scaling sections read: how to prepare the 2.5D and 3D data, the scaling points
+    (series count, how to prepare them) and notes on the points left out."""
+
+    prep_25d: Callable
+    prep_3d: Callable
+    points: list[tuple[int, Callable]]
+    notes: list[str]
+
+
 def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[str, ...], data: Path | None,
                   device: str, progress: bool, scale_dir: Path | None) -> None:
-    from medload.bench.loading import Servers
-    from medload.bench.loading_data import choose_series, ingest_into, make_synthetic, prepare_from, series_folders
     from medload.bench.targets import memory_targets, scale_targets, speed_targets
 
-    samples = samples_per_pass(cfg)
     key = Path(os.environ["MEDLOAD_KEY_FILE"])
     clock = Clock(results, progress)
     need_25d = "loading" in sections or "gpu" in sections
-    scaling_points = [n for n in cfg.scaling if n >= 1]
-    prep_25d = None
     if data is None:
-        n_pool = max([cfg.series_25d, *scaling_points]) if "scaling" in sections else cfg.series_25d
-        gen = []
-        if "ingest" in sections or need_25d or "scaling" in sections or "autotune" in sections:
-            say(progress, f"writing synthetic CT: {n_pool} series x {cfg.slices_25d} slices, "
-                           f"{cfg.size_25d}x{cfg.size_25d}" + (f"; {cfg.series_3d} series x {cfg.slices_3d} slices, "
-                                                               f"{cfg.size_3d}x{cfg.size_3d}"
-                                                               if "loading" in sections else ""))
-            kw = {"slices": cfg.slices_25d, "rows": cfg.size_25d, "cols": cfg.size_25d}
-            with clock("synthetic data"):
-                gen = make_synthetic(root / "dicom", series=cfg.series_25d, **kw)
-                if n_pool > cfg.series_25d:
-                    gen += make_synthetic(root / "dicom_extra", series=n_pool - cfg.series_25d, first=cfg.series_25d,
-                                          **kw)
-        folders = [g.paths[0].parent for g in gen]
-        if "ingest" in sections:
-            label = f"synthetic CT, {cfg.series_25d} series x {cfg.slices_25d} slices, {cfg.size_25d}x{cfg.size_25d}"
-            with clock("ingest"):
-                results["ingest"] = guarded(ingest_section, root / "dicom", root / "ingest", cfg, progress, label)
-
-        def prep_25d_fn():
-            return prepare_from(root / "l25", [root / "dicom"], samples=samples, kind="2.5d",
-                                generated=gen[: cfg.series_25d], key_file=key)
-
-        def prep_3d_fn():
-            gen3 = make_synthetic(root / "dicom3d", series=cfg.series_3d, slices=cfg.slices_3d, rows=cfg.size_3d,
-                                  cols=cfg.size_3d, seed=1000)
-            return prepare_from(root / "l3d", [root / "dicom3d"], samples=samples, kind="3d", depth=cfg.depth_3d,
-                                generated=gen3, key_file=key)
-
-        def scaling_point(n: int):
-            return lambda: prepare_from(root / f"scale{n}", folders[:n], samples=samples, kind="2.5d",
-                                        generated=gen[:n], u8=False, npy=False, monai=False, key_file=key)
-
-        points = [(n, scaling_point(n)) for n in scaling_points]
-        notes: list[str] = []
+        inputs = _synthetic_inputs(results, root, cfg, sections, progress, clock, key)
     else:
-        data = Path(data)
-        if "ingest" in sections:
-            with clock("ingest"):
-                results["ingest"] = guarded(ingest_section, data, root / "ingest", cfg, progress, str(data))
-        stores = (root / "store", root / "store_u8")
-        if need_25d or "scaling" in sections:
-            say(progress, f"ingesting {data} for the loading benchmarks")
-            with clock("stores of the user's data"):
-                ingest_into([data], stores[0], key)
-                if "loading" in sections:
-                    ingest_into([data], stores[1], key, windows=("soft_tissue",))
-
-        def _stores():
-            return stores[0], stores[1] if stores[1].exists() else None
-
-        def prep_25d_fn():
-            return prepare_from(root / "l25", [data], samples=samples, kind="2.5d", stores=_stores(),
-                                max_series=cfg.user_max_series, key_file=key)
-
-        def prep_3d_fn():
-            return prepare_from(root / "l3d", [data], samples=samples, kind="3d", depth=cfg.depth_3d, stores=_stores(),
-                                max_series=cfg.user_max_series, key_file=key)
-
-        points, notes = [], []
-        if "scaling" in sections:
-            from medload.storage.store import open_store
-
-            chosen, note = choose_series(open_store(stores[0], cache=0).series(), 3, max(scaling_points, default=1))
-            folders_by_key, _ = series_folders(chosen, [data], root / "series") if chosen else ({}, None)
-            usable = [folders_by_key[r.key] for r in chosen if r.key in folders_by_key]
-            if note:
-                notes.append(note)
-            for n in scaling_points:
-                if n > len(usable):
-                    notes.append(f"{n} series: skipped, {data} has {len(usable)} usable series")
-                    continue
-                points.append((n, (lambda n=n: prepare_from(root / f"scale{n}", usable[:n], samples=samples,
-                                                            kind="2.5d", u8=False, npy=False, monai=False,
-                                                            key_file=key))))
-    with Servers() as servers:
-        if "loading" in sections:
-            results["loading"] = {}
-            for kind, fn in (("2.5d", prep_25d_fn), ("3d", prep_3d_fn)):
-                say(progress, f"preparing the {kind} loading data")
-                with clock(f"loading {kind}"):
-                    out = guarded(loading_section, fn, root / f"work-{kind}", cfg, device, progress, servers)
-                if isinstance(out, tuple):
-                    results["loading"][kind], prep = out
-                    if kind == "2.5d":
-                        prep_25d = prep
-                else:
-                    results["loading"][kind] = {**out, "kind": kind}
-        if "scaling" in sections:
-            say(progress, "scaling: one store per size")
-            with clock("scaling"):
-                results["scaling"] = guarded(scaling_section, points, root / "work-scaling", cfg, device, progress,
-                                              notes, servers)
+        inputs = _user_inputs(results, root, cfg, sections, Path(data), progress, clock, key)
+    prep_25d = _loading_and_scaling(results, root, cfg, sections, inputs, device, progress, clock)
     if "scale" in sections:
         with clock("scale"):
             results["scale"] = guarded(scale_section, scale_dir or root / "scale", root / "work-scale", cfg, device,
@@ -331,7 +248,7 @@ def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[s
             import torch
 
             if torch.cuda.is_available():
-                prep_25d = guarded(prep_25d_fn)
+                prep_25d = guarded(inputs.prep_25d)
                 prep_25d = None if isinstance(prep_25d, dict) else prep_25d
         with clock("gpu"):
             results["gpu"] = guarded(gpu_section, prep_25d, root / "work-gpu", cfg, device)
@@ -342,6 +259,126 @@ def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[s
             results["autotune"] = guarded(bench_section, root / "dicom" if data is None else Path(data),
                                            root / "work-autotune", key_file=key, quick=results["config"]["quick"], device=device,
                                            timeout=cfg.timeout)
+
+
+def _synthetic_inputs(results: dict, root: Path, cfg: BenchConfig, sections: tuple[str, ...], progress: bool,
+                      clock: Clock, key: Path) -> _Inputs:
+    """Synthetic CT for the sections (and the ingest section on it)."""
+    from medload.bench.loading_data import make_synthetic, prepare_from
+
+    samples = samples_per_pass(cfg)
+    scaling_points = [n for n in cfg.scaling if n >= 1]
+    n_pool = max([cfg.series_25d, *scaling_points]) if "scaling" in sections else cfg.series_25d
+    gen = []
+    if {"ingest", "loading", "gpu", "scaling", "autotune"} & set(sections):
+        say(progress, f"writing synthetic CT: {n_pool} series x {cfg.slices_25d} slices, "
+                       f"{cfg.size_25d}x{cfg.size_25d}" + (f"; {cfg.series_3d} series x {cfg.slices_3d} slices, "
+                                                           f"{cfg.size_3d}x{cfg.size_3d}"
+                                                           if "loading" in sections else ""))
+        kw = {"slices": cfg.slices_25d, "rows": cfg.size_25d, "cols": cfg.size_25d}
+        with clock("synthetic data"):
+            gen = make_synthetic(root / "dicom", series=cfg.series_25d, **kw)
+            if n_pool > cfg.series_25d:
+                gen += make_synthetic(root / "dicom_extra", series=n_pool - cfg.series_25d, first=cfg.series_25d,
+                                      **kw)
+    folders = [g.paths[0].parent for g in gen]
+    if "ingest" in sections:
+        label = f"synthetic CT, {cfg.series_25d} series x {cfg.slices_25d} slices, {cfg.size_25d}x{cfg.size_25d}"
+        with clock("ingest"):
+            results["ingest"] = guarded(ingest_section, root / "dicom", root / "ingest", cfg, progress, label)
+
+    def prep_25d():
+        return prepare_from(root / "l25", [root / "dicom"], samples=samples, kind="2.5d",
+                            generated=gen[: cfg.series_25d], key_file=key)
+
+    def prep_3d():
+        gen3 = make_synthetic(root / "dicom3d", series=cfg.series_3d, slices=cfg.slices_3d, rows=cfg.size_3d,
+                              cols=cfg.size_3d, seed=1000)
+        return prepare_from(root / "l3d", [root / "dicom3d"], samples=samples, kind="3d", depth=cfg.depth_3d,
+                            generated=gen3, key_file=key)
+
+    def scaling_point(n: int):
+        return lambda: prepare_from(root / f"scale{n}", folders[:n], samples=samples, kind="2.5d",
+                                    generated=gen[:n], u8=False, npy=False, monai=False, key_file=key)
+
+    return _Inputs(prep_25d, prep_3d, [(n, scaling_point(n)) for n in scaling_points], [])
+
+
+def _user_inputs(results: dict, root: Path, cfg: BenchConfig, sections: tuple[str, ...], data: Path, progress: bool,
+                 clock: Clock, key: Path) -> _Inputs:
+    """The user's DICOM under ``data`` for the sections (and the ingest section on it)."""
+    from medload.bench.loading_data import choose_series, ingest_into, prepare_from, series_folders
+
+    samples = samples_per_pass(cfg)
+    scaling_points = [n for n in cfg.scaling if n >= 1]
+    if "ingest" in sections:
+        with clock("ingest"):
+            results["ingest"] = guarded(ingest_section, data, root / "ingest", cfg, progress, str(data))
+    stores = (root / "store", root / "store_u8")
+    if {"loading", "gpu", "scaling"} & set(sections):
+        say(progress, f"ingesting {data} for the loading benchmarks")
+        with clock("stores of the user's data"):
+            ingest_into([data], stores[0], key)
+            if "loading" in sections:
+                ingest_into([data], stores[1], key, windows=("soft_tissue",))
+
+    def _stores():
+        return stores[0], stores[1] if stores[1].exists() else None
+
+    def prep_25d():
+        return prepare_from(root / "l25", [data], samples=samples, kind="2.5d", stores=_stores(),
+                            max_series=cfg.user_max_series, key_file=key)
+
+    def prep_3d():
+        return prepare_from(root / "l3d", [data], samples=samples, kind="3d", depth=cfg.depth_3d, stores=_stores(),
+                            max_series=cfg.user_max_series, key_file=key)
+
+    inputs = _Inputs(prep_25d, prep_3d, [], [])
+    if "scaling" not in sections:
+        return inputs
+    from medload.storage.store import open_store
+
+    chosen, note = choose_series(open_store(stores[0], cache=0).series(), 3, max(scaling_points, default=1))
+    folders_by_key, _ = series_folders(chosen, [data], root / "series") if chosen else ({}, None)
+    usable = [folders_by_key[r.key] for r in chosen if r.key in folders_by_key]
+    if note:
+        inputs.notes.append(note)
+    for n in scaling_points:
+        if n > len(usable):
+            inputs.notes.append(f"{n} series: skipped, {data} has {len(usable)} usable series")
+            continue
+        inputs.points.append((n, (lambda n=n: prepare_from(root / f"scale{n}", usable[:n], samples=samples,
+                                                            kind="2.5d", u8=False, npy=False, monai=False,
+                                                            key_file=key))))
+    return inputs
+
+
+def _loading_and_scaling(results: dict, root: Path, cfg: BenchConfig, sections: tuple[str, ...], inputs: _Inputs,
+                         device: str, progress: bool, clock: Clock):
+    """The loading and scaling sections (with their peers' servers); the 2.5D data the loading section
+    prepared, for the GPU section, or None."""
+    from medload.bench.loading import Servers
+
+    prep_25d = None
+    with Servers() as servers:
+        if "loading" in sections:
+            results["loading"] = {}
+            for kind, fn in (("2.5d", inputs.prep_25d), ("3d", inputs.prep_3d)):
+                say(progress, f"preparing the {kind} loading data")
+                with clock(f"loading {kind}"):
+                    out = guarded(loading_section, fn, root / f"work-{kind}", cfg, device, progress, servers)
+                if isinstance(out, tuple):
+                    results["loading"][kind], prep = out
+                    if kind == "2.5d":
+                        prep_25d = prep
+                else:
+                    results["loading"][kind] = {**out, "kind": kind}
+        if "scaling" in sections:
+            say(progress, "scaling: one store per size")
+            with clock("scaling"):
+                results["scaling"] = guarded(scaling_section, inputs.points, root / "work-scaling", cfg, device,
+                                              progress, inputs.notes, servers)
+    return prep_25d
 
 
 def readme_tables(results: dict) -> str:

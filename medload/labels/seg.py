@@ -223,6 +223,56 @@ def _pixels(ds, n: int):
         raise LabelProblem(f"SEG pixel data holds {count} frames, NumberOfFrames says {n}")
 
 
+def _frame_values(f: _Frame, frame: np.ndarray, seg_type: str, segments: dict[int, SegmentInfo], top: int,
+                  dtype: np.dtype) -> np.ndarray:
+    """A frame's pixels as class ids: a LABELMAP's values as they are; a BINARY or FRACTIONAL frame's
+    foreground (FRACTIONAL: at least half of MaximumFractionalValue ``top``) as its segment number."""
+    if seg_type == "LABELMAP":
+        return frame.astype(dtype)
+    segment = f.segment if f.segment is not None else (next(iter(segments)) if len(segments) == 1 else None)
+    if segment is None:
+        raise LabelProblem(f"frame {f.number} has no SegmentIdentificationSequence and the SEG has "
+                           f"{len(segments)} segments")
+    fg = frame >= 0.5 * top if seg_type == "FRACTIONAL" else frame != 0
+    return fg.astype(dtype) * dtype.type(segment)
+
+
+@dataclass
+class _Tally:
+    """What placing a SEG's frames met, for its notes and its coverage (foreground pixels in all, and lost
+    outside the grid)."""
+
+    total: int = 0
+    lost: int = 0
+    resampled: int = 0
+    by_uid: int = 0
+    disagree: int = 0
+    beyond: int = 0
+    unplaced_empty: int = 0
+
+    def notes(self) -> list[str]:
+        """The label's notes; a LabelProblem if every foreground pixel lies outside the grid."""
+        if self.lost == self.total > 0:
+            raise LabelProblem(f"all {self.total} foreground pixels of the SEG's frames lie outside the series grid "
+                               "once placed by their position: is it the SEG of another series?")
+        notes = []
+        if self.resampled:
+            notes.append(f"{self.resampled} frames resampled in-plane (nearest neighbour): their origin, spacing, "
+                         "size or in-plane orientation differ from the series")
+        if self.beyond:
+            notes.append(f"{self.beyond} frames with foreground lie beyond the series' first or last slice")
+        if self.lost:
+            notes.append(cut_note("SEG", "frame pixels", self.total - self.lost, self.total))
+        if self.by_uid:
+            notes.append(f"{self.by_uid} frames without a position placed by their referenced source image")
+        if self.disagree:
+            notes.append(f"{self.disagree} frames placed by position lie on another slice than the source image "
+                         "they reference; their position was trusted")
+        if self.unplaced_empty:
+            notes.append(f"{self.unplaced_empty} empty frames lie on no slice of the series and were ignored")
+        return notes
+
+
 def seg_to_grid(ds: pydicom.Dataset, grid: SeriesGrid, *, uid_pseudonym: Callable[[str], str] | None = None,
                 source: str = "") -> LabelVolume:
     """Place a DICOM SEG on ``grid`` as one multi-class label map (class id = SegmentNumber).
@@ -259,32 +309,25 @@ def seg_to_grid(ds: pydicom.Dataset, grid: SeriesGrid, *, uid_pseudonym: Callabl
     highest = max([*segments, 1])
     data = np.zeros(grid.shape, dtype=np.uint16 if highest > 255 else np.uint8)
     overlap = None
-    unplaced_empty = resampled = by_uid = disagree = lost = beyond = total = 0
+    t = _Tally()
     for f, frame in zip(frames, _pixels(ds, len(frames))):
-        if seg_type == "LABELMAP":
-            values = frame.astype(data.dtype)
-        else:
-            segment = f.segment if f.segment is not None else (next(iter(segments)) if len(segments) == 1 else None)
-            if segment is None:
-                raise LabelProblem(f"frame {f.number} has no SegmentIdentificationSequence and the SEG has "
-                                   f"{len(segments)} segments")
-            fg = frame >= 0.5 * top if seg_type == "FRACTIONAL" else frame != 0
-            values = fg.astype(data.dtype) * data.dtype.type(segment)
+        values = _frame_values(f, frame, seg_type, segments, top, data.dtype)
         ref_slices = [lookup[p] for p in map(pseudo, f.refs) if p in lookup]
         foreground = int(np.count_nonzero(values))
-        total += foreground
+        t.total += foreground
         try:
             if f.ipp is not None:
                 slice_, sample = placer.place(f)
                 if slice_ is None:  # beyond the series' slices: its foreground is outside the grid
-                    lost += foreground
-                    beyond += foreground > 0
-                    unplaced_empty += foreground == 0
+                    t.lost += foreground
+                    t.beyond += foreground > 0
+                    t.unplaced_empty += foreground == 0
                     continue
                 k = slice_
-                disagree += bool(ref_slices) and k not in ref_slices
+                t.disagree += bool(ref_slices) and k not in ref_slices
             elif ref_slices:
-                k, sample, by_uid = ref_slices[0], None, by_uid + 1
+                k, sample = ref_slices[0], None
+                t.by_uid += 1
                 if (f.rows, f.cols) != (h, w):
                     raise ValueError(f"it has no position and is {f.rows}x{f.cols} while the slices are {h}x{w}")
             else:
@@ -296,11 +339,11 @@ def seg_to_grid(ds: pydicom.Dataset, grid: SeriesGrid, *, uid_pseudonym: Callabl
                 where = "no position" if f.ipp is None else f"position {np.round(f.ipp, 2).tolist()} (LPS mm)"
                 raise LabelProblem(f"SEG frame {f.number} (segment {f.segment}, {where}) cannot be placed on the "
                                    f"series grid: {why}") from None
-            unplaced_empty += 1
+            t.unplaced_empty += 1
             continue
         if sample is not None:
-            resampled += 1
-            lost += placer.outside(f, values)
+            t.resampled += 1
+            t.lost += placer.outside(f, values)
             on_grid = np.zeros((h, w), dtype=data.dtype)
             on_grid[sample[2]] = values[sample[0], sample[1]]
             values = on_grid
@@ -316,24 +359,8 @@ def seg_to_grid(ds: pydicom.Dataset, grid: SeriesGrid, *, uid_pseudonym: Callabl
         segments.update({v: SegmentInfo(v, f"segment_{v}", "?", "?") for v in extra})
     if overlap is not None:
         notes.append(f"{int(overlap.sum())} voxels claimed by more than one segment: the higher segment number kept")
-    if resampled:
-        notes.append(f"{resampled} frames resampled in-plane (nearest neighbour): their origin, spacing, size "
-                     "or in-plane orientation differ from the series")
-    if lost == total > 0:
-        raise LabelProblem(f"all {total} foreground pixels of the SEG's frames lie outside the series grid once "
-                           "placed by their position: is it the SEG of another series?")
-    if beyond:
-        notes.append(f"{beyond} frames with foreground lie beyond the series' first or last slice")
-    if lost:
-        notes.append(cut_note("SEG", "frame pixels", total - lost, total))
-    if by_uid:
-        notes.append(f"{by_uid} frames without a position placed by their referenced source image")
-    if disagree:
-        notes.append(f"{disagree} frames placed by position lie on another slice than the source image they "
-                     "reference; their position was trusted")
-    if unplaced_empty:
-        notes.append(f"{unplaced_empty} empty frames lie on no slice of the series and were ignored")
+    notes += t.notes()
     present = set(np.unique(data).tolist())
     notes += [f"segment {n} ({s.label}) has no voxels on this grid" for n, s in segments.items() if n not in present]
     return LabelVolume(data=data, classes={n: s.label for n, s in sorted(segments.items())}, kind="seg",
-                       source=source, resampled=resampled > 0, notes=notes, coverage=(total - lost, total))
+                       source=source, resampled=t.resampled > 0, notes=notes, coverage=(t.total - t.lost, t.total))
