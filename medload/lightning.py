@@ -44,7 +44,8 @@ import lightning  # noqa: E402
 
 __all__ = ["PatientSplit", "split_patients", "StoreDataModule"]
 
-_SAMPLERS = {"uniform": UniformSampler, "foreground": ForegroundSampler, "grouped": SeriesGroupedSampler,
+_SAMPLERS: dict[str, type[UniformSampler | ForegroundSampler | SeriesGroupedSampler | DistributedPatientSampler]] = {
+    "uniform": UniformSampler, "foreground": ForegroundSampler, "grouped": SeriesGroupedSampler,
              "distributed": DistributedPatientSampler}
 
 
@@ -89,7 +90,8 @@ class StoreDataModule(lightning.LightningDataModule):
         (41, 11250)
     """
 
-    def __init__(self, store: str | os.PathLike | Store, *, context: int | None = None, depth: int | None = None,
+    def __init__(
+            self, store: str | os.PathLike | Store, *, context: int | None = None, depth: int | None = None,
                  stride: int | None = None, plane: str | None = None, labels: bool | str | None = None,
                  classes=None, modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
                  thickness: tuple[float, float] | None = None, keys=None,
@@ -120,7 +122,8 @@ class StoreDataModule(lightning.LightningDataModule):
         self.keys = keys
         self.loader_config = LoaderConfig() if config is None else config
         self.batch_size = choose(batch_size, self.loader_config.batch_size, 8)
-        self.num_workers = choose(num_workers, self.loader_config.num_workers, 0)
+        no_workers: int | str = 0  # the default, typed as the setting (which may be "auto")
+        self.num_workers = choose(num_workers, self.loader_config.num_workers, no_workers)
         self.window = choose(window, self.loader_config.window, None)
         self.augment, self.sampler, self.val_fraction, self.seed = augment, sampler, val_fraction, seed
         self.device, self.loader_options = device, dict(loader_options or {})

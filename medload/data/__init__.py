@@ -1,6 +1,8 @@
 """Training data: 2.5D and 3D datasets over a store, the fast loader, samplers, augmentation, MONAI reader;
 3D patches at a target spacing and orientation, and sliding-window inference back onto the stored grid."""
 
+from typing import Any
+
 from medload.data.augment import AugmentConfig, BatchAugment
 from medload.data.datasets import SlabDataset, SliceDataset
 from medload.data.distributed import (
@@ -18,7 +20,7 @@ from medload.data.samplers import ForegroundSampler, SeriesGroupedSampler, Unifo
 from medload.data.splits import PatientSplit, split_patients
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """``MedloadReader`` is a MONAI ImageReader: MONAI loads when it is first asked for, not with the
     datasets and the loader (it adds about 200 MB to every process, DataLoader workers included)."""
     if name == "MedloadReader":

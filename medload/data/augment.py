@@ -391,7 +391,7 @@ def _params_on(params: AugmentParams, batch: int, nd: int, device: torch.device)
     return AugmentParams(**moved)
 
 
-def _theta(p: AugmentParams, batch: int, sizes: tuple[int, ...], dtype: torch.dtype, device) -> Tensor:
+def _theta(p: AugmentParams, batch: int, sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
     """(B, S, S+1) pull matrices for `F.affine_grid` (normalised, align_corners=False, x-first order)."""
     nd = len(sizes)
     angles = p.angles if p.angles is not None else torch.zeros(batch, 1 if nd == 2 else 3, device=device)

@@ -30,14 +30,17 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from time import perf_counter
+from typing import Any
 
 import numpy as np
 import torch
 
+from medload import windows as win
 from medload.config import affinity_cores, format_size, parse_size
 from medload.data.build import build_loader
+from medload.data.loader_types import Augment, LoaderDataset, LoaderTuning
 from medload.data.slots import slot_count
 from medload.data.stage_times import profile
 from medload.errors import ConfigError
@@ -80,29 +83,6 @@ class LoaderCosts:
         return not self.warm_read and max(self.read) > _JITTER * float(np.median(self.read))
 
 
-@dataclass(frozen=True)
-class LoaderTuning:
-    """What ``num_workers="auto"`` chose (``loader.tuning``), the figures it rests on, and why.
-
-    Examples:
-        >>> loader = make_loader(SliceDataset(store), batch_size=8, num_workers="auto", memory_budget="1GB")
-        >>> t = loader.tuning; (t.pin_memory, t.memory_bytes <= t.memory_budget)   # no pinning on a CPU
-        (False, True)
-    """
-
-    num_workers: int
-    prefetch_factor: int
-    pin_memory: bool
-    memory_bytes: int
-    memory_budget: int
-    read_s: float
-    trainer_s: float
-    cores: int
-    estimated_batches_per_s: float
-    reason: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def free_cores() -> int:
@@ -125,10 +105,10 @@ def default_memory_budget() -> int:
     return min(4 * 10**9, available // 4)
 
 
-def dataset_bytes(dataset) -> int:
+def dataset_bytes(dataset: LoaderDataset) -> int:
     """Decoded bytes of every slice (and label) the dataset's series hold: what an L1 cache needs to
     serve every epoch after the first."""
-    per_voxel = dataset.dtype.itemsize + (dataset.label_dtype.itemsize if dataset.labels else 0)
+    per_voxel = dataset.dtype.itemsize + (0 if dataset.label_dtype is None else dataset.label_dtype.itemsize)
     return sum(int(np.prod(r.shape)) for r in dataset.records) * per_voxel
 
 
@@ -195,8 +175,8 @@ def choose_settings(costs: LoaderCosts, *, batch_bytes: int, l1_bytes: int, memo
                         cores=costs.cores, estimated_batches_per_s=rates[workers], reason=reason)
 
 
-def _timed_pass(dataset, order: list[int], batch_size: int, device: torch.device, *, skip_first: bool,
-                **loader_kw) -> tuple[list[float], float, float]:
+def _timed_pass(dataset: LoaderDataset, order: list[int], batch_size: int, device: torch.device, *,
+                skip_first: bool, **loader_kw: Any) -> tuple[list[float], float, float]:
     """Read ``order`` through a real ``num_workers=0`` loader under the profiler: each batch's reader
     seconds, the trainer's mean seconds per batch (copy, window, augment), and the reads' CPU share."""
     loader = build_loader(dataset, batch_size, 0, device, sampler=order, **loader_kw)
@@ -220,13 +200,13 @@ def _timed_pass(dataset, order: list[int], batch_size: int, device: torch.device
     return reads, max(rep.input_s - rep.trainer["wait"] - trainer, 0.0) / len(reads), share
 
 
-def _measure_order(dataset, batch_size: int, seed: int) -> list[int]:
+def _measure_order(dataset: LoaderDataset, batch_size: int, seed: int) -> list[int]:
     """The distinct random samples the measurements read: one uncounted batch and the timed ones."""
     return np.random.default_rng(seed).permutation(len(dataset))[: (_MEASURE_BATCHES + 1) * batch_size].tolist()
 
 
-def measured_rate(dataset, batch_size: int, device: torch.device, tuning: LoaderTuning, *, seed: int = 0,
-                  **loader_kw) -> float:
+def measured_rate(dataset: LoaderDataset, batch_size: int, device: torch.device, tuning: LoaderTuning, *,
+                  seed: int = 0, **loader_kw: Any) -> float:
     """Batches/s of a real loader with ``tuning``'s workers over the measurement's samples (the first
     batch, which starts the workers, not counted): the check of the model's choice.
 
@@ -244,7 +224,8 @@ def measured_rate(dataset, batch_size: int, device: torch.device, tuning: Loader
     return count / (perf_counter() - t0) if count else 0.0
 
 
-def measure_costs(dataset, batch_size: int, device: torch.device, *, window=None, augment=None,
+def measure_costs(dataset: LoaderDataset, batch_size: int, device: torch.device, *,
+                  window: str | win.Window | None = None, augment: Augment | None = None,
                   dtype: torch.dtype = torch.float32, warm: bool = False, seed: int = 0) -> LoaderCosts:
     """Per-batch reader and trainer costs of this dataset on this machine (see the module docstring):
     a few batches of distinct random samples, and with ``warm`` the same batches again (from the L1
@@ -266,7 +247,8 @@ def measure_costs(dataset, batch_size: int, device: torch.device, *, window=None
     return LoaderCosts(read=tuple(reads), trainer=trainer, cores=free_cores(), warm_read=warm_reads, cpu_share=share)
 
 
-def tune_loader(dataset, batch_size: int, device: torch.device, *, window=None, augment=None,
+def tune_loader(dataset: LoaderDataset, batch_size: int, device: torch.device, *,
+                window: str | win.Window | None = None, augment: Augment | None = None,
                 dtype: torch.dtype = torch.float32, prefetch_factor: int | None = None, pin_memory: bool | None = None,
                 memory_budget: int | str | None = None) -> LoaderTuning:
     """Measure, then choose ``num_workers``, ``prefetch_factor`` and pinning (what ``make_loader(...,
@@ -280,9 +262,10 @@ def tune_loader(dataset, batch_size: int, device: torch.device, *, window=None, 
     budget = default_memory_budget() if memory_budget is None else parse_size(memory_budget)
     resident = dataset_bytes(dataset) <= dataset.store.cache.l1_bytes
     costs = measure_costs(dataset, batch_size, device, window=window, augment=augment, dtype=dtype, warm=resident)
-    settings = {"batch_bytes": dataset.max_batch_bytes(batch_size), "l1_bytes": dataset.store.cache.l1_bytes,
-                "memory_budget": budget, "device": device, "batches": -(-len(dataset) // batch_size),
-                "prefetch_factor": prefetch_factor, "pin_memory": pin_memory}
+    settings: dict[str, Any] = {
+        "batch_bytes": dataset.max_batch_bytes(batch_size), "l1_bytes": dataset.store.cache.l1_bytes,
+        "memory_budget": budget, "device": device, "batches": -(-len(dataset) // batch_size),
+        "prefetch_factor": prefetch_factor, "pin_memory": pin_memory}
     tuning = choose_settings(costs, **settings)
     if tuning.num_workers:  # check the model against the real thing: the same first reads, with workers
         with_workers = measured_rate(dataset, batch_size, device, tuning, window=window, augment=augment, dtype=dtype)

@@ -10,13 +10,18 @@ batches as on a ``monai.data.DataLoader``'s.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import torch
+
+from medload.data.loader_types import LoaderDataset
 
 __all__ = ["sample_keys", "as_meta_batch"]
 
 
-def sample_keys(dataset, indices) -> dict:
+def sample_keys(dataset: LoaderDataset, indices: Sequence[int]) -> dict[str, Any]:
     """``key`` (list of series keys) and ``z`` (int64 tensor, on the CPU) of the samples ``indices``."""
     idx = np.asarray(indices, dtype=np.int64)
     keys = dataset.index.keys
@@ -24,7 +29,7 @@ def sample_keys(dataset, indices) -> dict:
             "z": torch.from_numpy(dataset.index.z[idx].astype(np.int64))}
 
 
-def as_meta_batch(batch: dict, dataset) -> dict:
+def as_meta_batch(batch: dict, dataset: LoaderDataset) -> dict:
     """``batch`` with its image and label as batched MetaTensors carrying each sample's affine."""
     from monai.data import MetaTensor
     from monai.utils import MetaKeys, SpaceKeys

@@ -24,15 +24,17 @@ from collections.abc import Iterable, Iterator, Sized
 from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 from torch.utils.data import Sampler
 
+from medload.data.loader_types import LoaderDataset
 from medload.data.samplers import _int
 from medload.errors import ConfigError
 
 __all__ = ["ShapeBucketBatchSampler", "shape_buckets"]
 
 
-def shape_buckets(dataset) -> np.ndarray:
+def shape_buckets(dataset: LoaderDataset) -> np.ndarray:
     """The bucket number of each sample of a :class:`SliceDataset`/:class:`SlabDataset`: samples share
     a bucket when their series share (rows, columns); buckets are numbered in ascending matrix size.
 
@@ -65,7 +67,7 @@ class ShapeBucketBatchSampler(Sampler[list[int]]):
         (2, [[0, 2], [1, 3]])
     """
 
-    def __init__(self, sampler: Iterable[int], buckets, batch_size: int, drop_last: bool = False) -> None:
+    def __init__(self, sampler: Iterable[int], buckets: npt.ArrayLike, batch_size: int, drop_last: bool = False) -> None:
         buckets = np.asarray(buckets)
         if buckets.ndim != 1 or buckets.dtype.kind not in "iu":
             raise ConfigError(f"buckets must be a 1-D integer array, one bucket per dataset index; got shape "

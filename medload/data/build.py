@@ -10,12 +10,15 @@ settings -- a number of workers, a prefetch factor, a torch dtype -- with nothin
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import torch
 
 from medload import windows as win
 from medload.data.buckets import shape_buckets
 from medload.data.device_loader import _HALF, DeviceLoader
+from medload.data.loader_types import Augment, LoaderDataset, LoaderTuning, MPContext
 from medload.data.slots import (
     _pass_through,
     _Scale,
@@ -31,7 +34,8 @@ from medload.errors import ConfigError
 __all__ = ["build_loader", "check_settings", "ordered"]
 
 
-def check_settings(dataset, window, dtype: torch.dtype, augment) -> None:
+def check_settings(dataset: LoaderDataset, window: str | win.Window | None, dtype: torch.dtype,
+                   augment: Augment | None) -> None:
     """A ConfigError where the window, dtype and augmentation do not fit together or the dataset."""
     if dataset.plane is not None and window is not None:
         raise ConfigError(f"the dataset reads stored {dataset.plane!r} planes (already windowed): drop window={window!r}")
@@ -46,7 +50,7 @@ def check_settings(dataset, window, dtype: torch.dtype, augment) -> None:
                           "or ask for a float dtype")
 
 
-def ordered(dataset, sampler, shuffle: bool, seed: int | None):
+def ordered(dataset: LoaderDataset, sampler: Iterable[int] | None, shuffle: bool, seed: int | None) -> Iterable[int]:
     """The sampler of a loader: the one given, or a seeded random (``shuffle``) or sequential order."""
     if sampler is not None:
         if shuffle or seed is not None:
@@ -59,11 +63,12 @@ def ordered(dataset, sampler, shuffle: bool, seed: int | None):
     return torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed or 0))
 
 
-def build_loader(dataset, batch_size: int, num_workers: int, device: str | torch.device, *, sampler=None,
-                 window: str | win.Window | None = None, drop_last: bool = False, augment=None,
-                 dtype: torch.dtype = torch.float32, prefetch_factor: int | None = None,
-                 persistent_workers: bool | None = None, multiprocessing_context=None, pin_memory: bool | None = None,
-                 meta: bool = False, tuning=None) -> DeviceLoader:
+def build_loader(
+        dataset: LoaderDataset, batch_size: int, num_workers: int, device: str | torch.device, *,
+        sampler: Iterable[int] | None = None, window: str | win.Window | None = None, drop_last: bool = False,
+        augment: Augment | None = None, dtype: torch.dtype = torch.float32, prefetch_factor: int | None = None,
+        persistent_workers: bool | None = None, multiprocessing_context: MPContext | None = None,
+        pin_memory: bool | None = None, meta: bool = False, tuning: LoaderTuning | None = None) -> DeviceLoader:
     """The loader over ``dataset`` with these settings (as :func:`~medload.data.make_loader`'s, but
     ``num_workers`` a number and ``sampler`` the order itself: None reads the dataset in order);
     ``tuning``: what chose them, kept as ``loader.tuning``.
@@ -86,8 +91,9 @@ def build_loader(dataset, batch_size: int, num_workers: int, device: str | torch
         buffers.share_memory_()
         control.share_memory_()
     window = None if window is None else win.get(window)
-    if hasattr(augment, "bind"):  # BatchAugment: the device and dims of these batches, and whether they are 0..1
-        augment = augment.bind(device=device, spatial_dims=dataset.spatial_dims,
+    bind = getattr(augment, "bind", None)
+    if bind is not None:  # BatchAugment: the device and dims of these batches, and whether they are 0..1
+        augment = bind(device=device, spatial_dims=dataset.spatial_dims,
                                scaled=window is not None or dataset.plane is not None)
     direct = num_workers == 0 and device.type == "cpu" and dtype in (torch.float32, torch.float64)
     loader = torch.utils.data.DataLoader(

@@ -32,7 +32,7 @@ import torch
 
 from medload import windows as win
 from medload.data.index import SampleIndex, slab_index, slice_index
-from medload.data.labelling import class_tables, returns_labels, select_labelled
+from medload.data.labelling import ClassMap, class_tables, returns_labels, select_labelled
 from medload.data.layout import sample_affine
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
@@ -48,7 +48,7 @@ class _StoreDataset(torch.utils.data.Dataset):
     spatial_dims: int  # of a sample: 2 (2.5D stacks) or 3 (slabs)
 
     def __init__(self, store: Store, records: list[SeriesRecord], index: SampleIndex, *, plane: str | None,
-                 labels: bool | str | None, classes=None) -> None:
+                 labels: bool | str | None, classes: ClassMap | None = None) -> None:
         label_records = [store.labels(r.key) for r in records]
         self.store = store
         self.index = index
@@ -267,7 +267,7 @@ class SliceDataset(_StoreDataset):
     spatial_dims = 2
 
     def __init__(self, store: Store, context: int = 1, *, plane: str | None = None, labels: bool | str | None = None,
-                 classes=None, modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
+                 classes: ClassMap | None = None, modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
                  thickness: tuple[float, float] | None = None, keys: Sequence[str] | None = None,
                  orientation: str | Sequence[str] | None = None) -> None:
         if context < 0:
@@ -334,7 +334,8 @@ class SlabDataset(_StoreDataset):
     spatial_dims = 3
 
     def __init__(self, store: Store, depth: int, stride: int | None = None, *, plane: str | None = None,
-                 labels: bool | str | None = None, classes=None, modality: str | Sequence[str] | None = None,
+                 labels: bool | str | None = None, classes: ClassMap | None = None,
+                 modality: str | Sequence[str] | None = None,
                  kernel: str | Sequence[str] | None = None, thickness: tuple[float, float] | None = None,
                  keys: Sequence[str] | None = None, orientation: str | Sequence[str] | None = None) -> None:
         records, self.unlabelled = select_labelled(store, labels, dict(

@@ -19,6 +19,7 @@ from medload import windows as win
 from medload.config import affinity_cores
 from medload.data.batch_meta import as_meta_batch, sample_keys
 from medload.data.buffers import PinnedStaging, Recycler
+from medload.data.loader_types import Augment, LoaderTuning, StageClock
 from medload.data.slots import _CACHED_BYTES, _Scale, _SlotBatchSampler, _SlotDataset, _views
 
 __all__ = ["DeviceLoader"]
@@ -66,13 +67,14 @@ class DeviceLoader:
     """
 
     def __init__(self, loader: torch.utils.data.DataLoader, buffers: torch.Tensor, device: torch.device,
-                 window: win.Window | None, dtype: torch.dtype, augment=None, *, pin_memory: bool | None = None,
-                 tuning=None, meta: bool = False) -> None:
+                 window: win.Window | None, dtype: torch.dtype, augment: Augment | None = None, *,
+                 pin_memory: bool | None = None, tuning: LoaderTuning | None = None, meta: bool = False) -> None:
         self.loader, self.buffers, self.device, self.window, self.dtype, self.augment = (
             loader, buffers, device, window, dtype, augment)
         self.dataset = cast(_SlotDataset, loader.dataset).dataset  # make_loader builds it over a _SlotDataset
         self.meta = meta
-        self.tuning, self.profiler = tuning, None
+        self.tuning = tuning
+        self.profiler: StageClock | None = None  # set while medload.data.profile times this loader
         self._scale = _Scale(self.dataset.plane, window)
         pin = device.type == "cuda" if pin_memory is None else pin_memory and device.type == "cuda"
         self._staging = PinnedStaging() if pin else None
@@ -86,8 +88,9 @@ class DeviceLoader:
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the sampler and the augmentation (reproducible per epoch)."""
         cast(_SlotBatchSampler, self.loader.batch_sampler).set_epoch(epoch)
-        if hasattr(self.augment, "set_epoch"):
-            self.augment.set_epoch(epoch)
+        set_augment_epoch = getattr(self.augment, "set_epoch", None)
+        if set_augment_epoch is not None:
+            set_augment_epoch(epoch)
 
     @property
     def sampler(self) -> DeviceLoader:
@@ -105,14 +108,13 @@ class DeviceLoader:
         mark("start")
         for meta in batches:
             mark("wait", meta)
-            image, label = _views(self.buffers[meta["slot"]].numpy(), meta["image_shape"], ds.dtype,
-                                  meta["label_shape"], ds.label_dtype)
+            image_view, label_view = _views(self.buffers[meta["slot"]].numpy(), meta["image_shape"], ds.dtype,
+                                            meta["label_shape"], ds.label_dtype)
             owned = "image" in meta  # a float batch already: cast as it was read (num_workers=0, CPU)
-            image = meta["image"] if owned else torch.from_numpy(image)
+            image: torch.Tensor = meta["image"] if owned else torch.from_numpy(image_view)
             if self._staging is not None:  # GPU: through pinned memory, asynchronously
                 image = self._staging.to_device(image, self.device)
-            if label is not None:  # copied off the slot before the slot is reused
-                label = self._transfer(torch.from_numpy(label))
+            label = None if label_view is None else self._transfer(torch.from_numpy(label_view))  # off the slot now
             index = torch.tensor(meta["index"], dtype=torch.int64, device=self.device)
             mark("copy")
             out = {"image": self._to_float(image, owned), "index": index}

@@ -38,13 +38,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch.distributed as dist
 
+from medload.data.loader_types import LoaderDataset
 from medload.data.samplers import _EpochSampler, _group, _ids, _index_of, _int, _rng, _stable_argsort
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
+
+#: what balances the ranks: "bytes" stored, "slices", or measured read seconds per series key
+Cost = str | Mapping[str, float]
 
 __all__ = ["assign_ranks", "locality_order", "partition_by_patient", "shards_for_rank", "sample_layout",
            "DistributedPatientSampler"]
@@ -57,7 +63,7 @@ _TOLERANCE = 0.01  # step 4 stops once ranks' costs differ by at most this fract
 _STEPS_PER_PATIENT = 4  # cap on step 4's exchanges (it ends well before: each one lowers a sum of squares)
 
 
-def _loads(weights, shape: tuple[int, ...]) -> np.ndarray:
+def _loads(weights: npt.ArrayLike | None, shape: tuple[int, ...]) -> np.ndarray:
     """Per-unit loads: ones, or ``weights`` checked (int64 when integer, so sums and cuts are exact)."""
     if weights is None:
         return np.ones(shape, np.int64)
@@ -69,7 +75,7 @@ def _loads(weights, shape: tuple[int, ...]) -> np.ndarray:
     return w.astype(np.float64 if w.dtype.kind == "f" else np.int64)
 
 
-def _patient_loads(patients, shards, weights) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _patient_loads(patients: npt.ArrayLike, shards: npt.ArrayLike | None, weights: npt.ArrayLike | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(unique patient ids, dense patient per unit, home shard per patient, load per patient)."""
     ids = _ids("patients", patients, allow_empty=True)
     w = _loads(weights, ids.shape)
@@ -100,7 +106,8 @@ def _sequence(home: np.ndarray, seed: int) -> np.ndarray:
     return np.lexsort((_rng(seed, 0, _ORDER_STREAM).permutation(home.size), home))
 
 
-def locality_order(patients, *, seed: int, shards=None, weights=None) -> np.ndarray:
+def locality_order(patients: npt.ArrayLike, *, seed: int, shards: npt.ArrayLike | None = None,
+                   weights: npt.ArrayLike | None = None) -> np.ndarray:
     """The patient ids (as given) in the order the rule lays them out: by home shard, then seeded.
 
     Taking every k-th patient of it gives a hold-out set spread evenly over shards and ranks.
@@ -121,7 +128,7 @@ def _cut(load: np.ndarray, order: np.ndarray, world_size: int) -> np.ndarray:
     return rank_of
 
 
-def _exchange(load: np.ndarray, home: np.ndarray, heavy: np.ndarray, light: np.ndarray, gap) -> tuple | None:
+def _exchange(load: np.ndarray, home: np.ndarray, heavy: np.ndarray, light: np.ndarray, gap: float) -> tuple | None:
     """The best exchange between a heavier and a lighter rank (their patients ``heavy``/``light``, loads
     ``gap`` apart): (patient to move, patient to move back or -1, load moved), or None when none narrows
     the gap. It moves ``d`` with ``0 < d < gap`` closest to ``gap / 2``; ties: home shard read there, then
@@ -183,7 +190,8 @@ def _warn_if_unbalanced(load: np.ndarray, rank_of: np.ndarray, world_size: int) 
                 rank_load.max(), share, 100 * load.max() / share)
 
 
-def assign_ranks(patients, world_size: int, *, seed: int, shards=None, weights=None) -> np.ndarray:
+def assign_ranks(patients: npt.ArrayLike, world_size: int, *, seed: int, shards: npt.ArrayLike | None = None,
+                 weights: npt.ArrayLike | None = None) -> np.ndarray:
     """The rank of each entry (a sample or a series): the rule of this module's docstring; pure.
 
     Args:
@@ -216,8 +224,9 @@ def _shuffled(indices: np.ndarray, seed: int, epoch: int, rank: int) -> np.ndarr
     return indices
 
 
-def partition_by_patient(patients, world_size: int, *, seed: int, epoch: int, shards=None,
-                         weights=None) -> list[np.ndarray]:
+def partition_by_patient(patients: npt.ArrayLike, world_size: int, *, seed: int, epoch: int,
+                         shards: npt.ArrayLike | None = None,
+                         weights: npt.ArrayLike | None = None) -> list[np.ndarray]:
     """The sample indices each rank owns (:func:`assign_ranks`), each in a seeded order of ``epoch``.
 
     A rank without patients (more ranks than patients) gets an empty array.
@@ -240,7 +249,7 @@ def _record_layout(records: Sequence[SeriesRecord]) -> tuple[np.ndarray, np.ndar
     return patients, shards, np.array([r.shape[0] for r in records], np.int64)
 
 
-def _series_costs(records: Sequence[SeriesRecord], cost) -> np.ndarray:
+def _series_costs(records: Sequence[SeriesRecord], cost: Cost) -> np.ndarray:
     """Integer cost per series: ``"bytes"`` stored (slices x rows x columns x bytes per voxel), ``"slices"``,
     or a mapping of series key to measured read seconds (counted in whole nanoseconds). Integers keep
     every caller's sums exact, so series-level and sample-level calls cut alike."""
@@ -261,7 +270,7 @@ def _series_costs(records: Sequence[SeriesRecord], cost) -> np.ndarray:
 
 
 def shards_for_rank(records: Sequence[SeriesRecord], rank: int, world_size: int, *, seed: int = 0,
-                    cost="bytes") -> list[str]:
+                    cost: Cost = "bytes") -> list[str]:
     """Names of the shards rank ``rank`` of ``world_size`` reads, for a dataset of these series (``cost`` as
     in :meth:`DistributedPatientSampler.from_dataset`, which must get the same one).
 
@@ -277,7 +286,7 @@ def shards_for_rank(records: Sequence[SeriesRecord], rank: int, world_size: int,
     return sorted({r.shard for r, m in zip(records, mine.tolist()) if m})
 
 
-def sample_layout(dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sample_layout(dataset: LoaderDataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(patient, shard, slices) per sample of a :class:`SliceDataset`/:class:`SlabDataset`.
 
     ``slices`` counts the slices each sample is the first to cover, so a series' samples sum to its
@@ -290,7 +299,7 @@ def sample_layout(dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return dataset.index.patients, shard_of_series[series], slices
 
 
-def _check_rank(rank, world_size) -> tuple[int, int]:
+def _check_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """``(rank, world_size)``; None takes the value of the initialised default process group."""
     if rank is None or world_size is None:
         if not (dist.is_available() and dist.is_initialized()):
@@ -330,8 +339,9 @@ class DistributedPatientSampler(_EpochSampler):
         >>> loader = make_loader(dataset, batch_size=8, sampler=sampler); sampler.set_epoch(1)      # doctest: +SKIP
     """
 
-    def __init__(self, patients, *, rank: int | None = None, world_size: int | None = None, seed: int = 0,
-                 shards=None, weights=None, indices=None, shuffle: bool = True, even: str = "pad"):
+    def __init__(self, patients: npt.ArrayLike, *, rank: int | None = None, world_size: int | None = None,
+                 seed: int = 0, shards: npt.ArrayLike | None = None, weights: npt.ArrayLike | None = None,
+                 indices: npt.ArrayLike | None = None, shuffle: bool = True, even: str = "pad") -> None:
         self.rank, self.world_size = _check_rank(rank, world_size)
         if even not in _EVEN:
             raise ConfigError(f"even must be one of {', '.join(_EVEN)}; got {even!r}")
@@ -354,7 +364,8 @@ class DistributedPatientSampler(_EpochSampler):
         self._planned: tuple | None = None
 
     @classmethod
-    def from_dataset(cls, dataset, indices=None, *, cost="bytes", **kwargs) -> DistributedPatientSampler:
+    def from_dataset(cls, dataset: LoaderDataset, indices: npt.ArrayLike | None = None, *, cost: Cost = "bytes",
+                     **kwargs: Any) -> DistributedPatientSampler:
         """The sampler for a :class:`SliceDataset`/:class:`SlabDataset`: by patient, ranks balanced by
         ``cost``, preferring the shards ``medload cache warm --rank R --world W --seed S`` copied (same
         ``seed``; the command balances stored bytes, the default here).

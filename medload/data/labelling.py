@@ -21,13 +21,16 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from medload.errors import ConfigError
 from medload.export.classes import dataset_classes
 from medload.storage.records import LabelRecord, SeriesRecord
+
+#: a dataset's ``classes=``: class names, or a map of class name to the stored names it merges
+ClassMap = str | Sequence[str] | Mapping[str, str | Sequence[str]]
 
 if TYPE_CHECKING:
     from medload.storage.store import Store
@@ -41,7 +44,7 @@ log = logging.getLogger(__name__)
 LABEL_CHOICES = (None, True, False, "only")
 
 
-def check_labels_choice(labels) -> None:
+def check_labels_choice(labels: object) -> None:
     """A ConfigError unless ``labels`` is one of :data:`LABEL_CHOICES`."""
     if not any(labels is c or (isinstance(c, str) and labels == c) for c in LABEL_CHOICES):
         raise ConfigError(f"labels must be None, True, False or 'only' (train on the labelled series), got {labels!r}")
@@ -61,7 +64,7 @@ def labelled_only(store: Store, records: Sequence[SeriesRecord]) -> tuple[list[S
     return kept, left_out
 
 
-def select_labelled(store: Store, labels, filters: dict) -> tuple[list[SeriesRecord], tuple[str, ...]]:
+def select_labelled(store: Store, labels: bool | str | None, filters: dict[str, Any]) -> tuple[list[SeriesRecord], tuple[str, ...]]:
     """The series a dataset's ``filters`` select (a ConfigError saying what each matched where none does)
     and, with ``labels="only"``, the keys of those left out for having no labels."""
     from medload.storage.selection import require_series
@@ -74,7 +77,7 @@ def select_labelled(store: Store, labels, filters: dict) -> tuple[list[SeriesRec
     return kept, tuple(left_out)
 
 
-def returns_labels(store: Store, label_records: Sequence[LabelRecord | None], labels, *, stacklevel: int = 4) -> bool:
+def returns_labels(store: Store, label_records: Sequence[LabelRecord | None], labels: bool | str | None, *, stacklevel: int = 4) -> bool:
     """Whether a dataset over series with these label records returns labels: ``True`` needs every series
     labelled (else a ConfigError), ``None`` means "when every series is" (with a warning when only some
     are), ``"only"`` kept just the labelled ones (:func:`select_labelled`). ``stacklevel``: of the warning,
@@ -90,7 +93,7 @@ def returns_labels(store: Store, label_records: Sequence[LabelRecord | None], la
     return missing == 0 if labels is None else bool(labels)
 
 
-def class_map(classes: str | Sequence[str] | Mapping[str, str | Sequence[str]]) -> dict[str, list[str]]:
+def class_map(classes: ClassMap) -> dict[str, list[str]]:
     """A class map in its full form, ``{class: [stored class names]}``: a list of names is one class per
     stored name; a mapping may give one name as a string."""
     if isinstance(classes, str):
@@ -126,7 +129,7 @@ def stored_class_names(records: Sequence[LabelRecord]) -> list[str]:
     return sorted(names.values(), key=str.lower)
 
 
-def class_tables(records: Sequence[LabelRecord], classes) -> tuple[dict[int, str] | None, dict[str, np.ndarray] | None]:
+def class_tables(records: Sequence[LabelRecord], classes: ClassMap | None) -> tuple[dict[int, str] | None, dict[str, np.ndarray] | None]:
     """What a dataset's label values mean (value -> class name, background left out), and per series key
     the table from its stored values to those values (None: values as stored).
 

@@ -17,6 +17,7 @@ and the translation).
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["sample_affine"]
 
@@ -24,7 +25,7 @@ __all__ = ["sample_affine"]
 _COLUMNS = {2: (1, 0, 2), 3: (2, 1, 0)}
 
 
-def sample_affine(series_affine, z: int, spatial_dims: int) -> np.ndarray:
+def sample_affine(series_affine: npt.ArrayLike, z: int, spatial_dims: int) -> np.ndarray:
     """The affine of a sample at slice ``z`` (2.5D: its centre; 3D: its first slice) of a series.
 
     >>> a = np.diag([0.8, 0.7, 2.5, 1.0])                 # columns 0.8 mm, rows 0.7 mm, slices 2.5 mm

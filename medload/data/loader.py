@@ -2,7 +2,9 @@
 
 The loader is built in layers, each importing only those below it:
 
-- :mod:`medload.data.read_probe`: the profiler's read observer on the store, below everything;
+- :mod:`medload.data.loader_types`: the types the layers share, below everything (``LoaderDataset``: what
+  the loader needs of a dataset);
+- :mod:`medload.data.read_probe`: the profiler's read observer on the store;
 - :mod:`medload.data.slots`: where batches are read -- straight into slots of a shared buffer (the design
   and what it gained are told there);
 - :mod:`medload.data.device_loader`: the trainer's side, :class:`DeviceLoader`;
@@ -16,6 +18,9 @@ The loader is built in layers, each importing only those below it:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import torch
 
 from medload import windows as win
@@ -23,6 +28,7 @@ from medload.config import FROM_CONFIG, FromConfig, LoaderConfig, choose
 from medload.data.autotune import tune_loader
 from medload.data.build import build_loader, check_settings, ordered
 from medload.data.device_loader import DeviceLoader
+from medload.data.loader_types import Augment, LoaderDataset, MPContext
 from medload.data.slots import READ_AHEAD_BATCHES, slot_count, worker_l1
 from medload.data.slots import _Batch as _Batch  # the old import path of the batch type (tests)
 from medload.data.slots import _SlotBatchSampler as _SlotBatchSampler  # and of the batch sampler
@@ -32,14 +38,16 @@ from medload.errors import ConfigError
 __all__ = ["make_loader", "DeviceLoader", "loader_settings", "slot_count", "worker_l1", "READ_AHEAD_BATCHES"]
 
 
-def make_loader(dataset, batch_size: int | FromConfig = FROM_CONFIG, num_workers: int | str | FromConfig = FROM_CONFIG,
-                device: str | torch.device = "cpu", *, window: str | win.Window | None | FromConfig = FROM_CONFIG,
-                shuffle: bool = False, sampler=None, drop_last: bool | FromConfig = FROM_CONFIG, seed: int | None = None,
-                augment=None, dtype: torch.dtype | FromConfig = FROM_CONFIG,
-                prefetch_factor: int | None | FromConfig = FROM_CONFIG,
-                persistent_workers: bool | None | FromConfig = FROM_CONFIG, multiprocessing_context=FROM_CONFIG,
-                pin_memory: bool | None | FromConfig = FROM_CONFIG, memory_budget: int | str | None | FromConfig = FROM_CONFIG,
-                meta: bool | FromConfig = FROM_CONFIG, config: LoaderConfig | None = None) -> DeviceLoader:
+def make_loader(
+        dataset: LoaderDataset, batch_size: int | FromConfig = FROM_CONFIG,
+        num_workers: int | str | FromConfig = FROM_CONFIG, device: str | torch.device = "cpu", *,
+        window: str | win.Window | None | FromConfig = FROM_CONFIG, shuffle: bool = False,
+        sampler: Iterable[int] | None = None, drop_last: bool | FromConfig = FROM_CONFIG, seed: int | None = None,
+        augment: Augment | None = None, dtype: torch.dtype | FromConfig = FROM_CONFIG,
+        prefetch_factor: int | None | FromConfig = FROM_CONFIG, persistent_workers: bool | None | FromConfig = FROM_CONFIG,
+        multiprocessing_context: MPContext | None | FromConfig = FROM_CONFIG,
+        pin_memory: bool | None | FromConfig = FROM_CONFIG, memory_budget: int | str | None | FromConfig = FROM_CONFIG,
+        meta: bool | FromConfig = FROM_CONFIG, config: LoaderConfig | None = None) -> DeviceLoader:
     """A loader of windowed float batches on ``device`` from a :class:`SliceDataset`/:class:`SlabDataset`.
 
     Each setting is the keyword given, else ``config``'s (a :class:`~medload.config.LoaderConfig`, e.g. the
@@ -104,7 +112,7 @@ def make_loader(dataset, batch_size: int | FromConfig = FROM_CONFIG, num_workers
     return build_loader(dataset, device=device, sampler=order, augment=augment, tuning=tuning, **s)
 
 
-def loader_settings(config: LoaderConfig | None = None, **given) -> dict:
+def loader_settings(config: LoaderConfig | None = None, **given: Any) -> dict[str, Any]:
     """:func:`make_loader`'s settings: each of ``given`` that is not :data:`~medload.config.FROM_CONFIG`,
     else ``config``'s, else make_loader's default; ``dtype`` a torch dtype.
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from monai.config import PathLike
@@ -51,7 +52,7 @@ class MedloadReader(ImageReader):
         names = [filename] if isinstance(filename, (str, os.PathLike)) else list(filename)
         return bool(names) and all(is_item_uri(n) for n in names)
 
-    def read(self, data: Sequence[PathLike] | PathLike, **kwargs) -> list[ItemRef] | ItemRef:
+    def read(self, data: Sequence[PathLike] | PathLike, **kwargs: Any) -> list[ItemRef] | ItemRef:
         refs = [parse_item_uri(d) for d in ([data] if isinstance(data, (str, os.PathLike)) else data)]
         return refs if len(refs) > 1 else refs[0]
 

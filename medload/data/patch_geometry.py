@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from medload.data.layout import sample_affine
 from medload.errors import ConfigError
@@ -54,12 +55,12 @@ def axcode_directions(orientation: str) -> np.ndarray:
     return out
 
 
-def series_index_affine(series_affine) -> np.ndarray:
+def series_index_affine(series_affine: npt.ArrayLike) -> np.ndarray:
     """The affine of a stored series' array: ``(slice, row, column)`` to RAS mm."""
     return sample_affine(series_affine, 0, 3)
 
 
-def native_directions(series_affine) -> np.ndarray:
+def native_directions(series_affine: npt.ArrayLike) -> np.ndarray:
     """The series' own unit directions of increasing column, row and slice (the columns of its affine,
     normalised): the ``(w, h, d)`` directions of a patch in the series' orientation. A gantry-tilted
     (sheared) series keeps its non-orthogonal slice direction."""
@@ -67,7 +68,7 @@ def native_directions(series_affine) -> np.ndarray:
     return a / np.linalg.norm(a, axis=0)
 
 
-def native_spacing(series_affine, directions: np.ndarray | None = None) -> tuple[float, float, float]:
+def native_spacing(series_affine: npt.ArrayLike, directions: np.ndarray | None = None) -> tuple[float, float, float]:
     """The series' own spacing ``(z, y, x)`` in mm for a patch along ``directions`` (columns: ``w, h, d``;
     None: the series' own): each patch axis takes the spacing of the series axis closest to it in
     direction (largest ``|cos|``), as a reorientation permutes axes."""
@@ -87,7 +88,7 @@ def _steps(spacing: Sequence[float], directions: np.ndarray) -> np.ndarray:
     return np.asarray(directions, dtype=np.float64)[:, ::-1] * np.array([z, y, x])
 
 
-def patch_affine(centre, shape: Sequence[int], spacing: Sequence[float], directions: np.ndarray) -> np.ndarray:
+def patch_affine(centre: npt.ArrayLike, shape: Sequence[int], spacing: Sequence[float], directions: np.ndarray) -> np.ndarray:
     """The affine of a patch ``(D, H, W)`` centred at RAS point ``centre``: ``(d, h, w)`` to RAS mm, with
     ``spacing`` ``(z, y, x)`` along ``directions`` (columns ``w, h, d``; see :func:`axcode_directions`).
 
@@ -106,7 +107,7 @@ def _affine(steps: np.ndarray, origin: np.ndarray) -> np.ndarray:
     return out
 
 
-def voxel_to_voxel(patch: np.ndarray, series_affine) -> np.ndarray:
+def voxel_to_voxel(patch: np.ndarray, series_affine: npt.ArrayLike) -> np.ndarray:
     """4x4: patch index ``(d, h, w)`` to the stored series' index ``(slice, row, column)`` (continuous),
     ``inv(series index affine) @ patch affine`` -- ITK's and MONAI's resampling transform."""
     return np.linalg.solve(series_index_affine(series_affine), np.asarray(patch, dtype=np.float64))
@@ -125,7 +126,7 @@ def source_box(v2v: np.ndarray, shape: Sequence[int],
     return None if (hi <= lo).any() else (lo, hi)
 
 
-def covering_grid(series_affine, source_shape: Sequence[int], spacing: Sequence[float], directions: np.ndarray,
+def covering_grid(series_affine: npt.ArrayLike, source_shape: Sequence[int], spacing: Sequence[float], directions: np.ndarray,
                   least: Sequence[int] = (1, 1, 1)) -> tuple[np.ndarray, tuple[int, int, int]]:
     """The affine and shape ``(D, H, W)`` of the smallest grid at ``spacing`` along ``directions`` holding
     every voxel centre of the series (grown, about the same centre, to at least ``least``): what a

@@ -38,6 +38,8 @@ Examples:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from medload.config import FROM_CONFIG, FromConfig, LoaderConfig, choose
@@ -58,6 +60,9 @@ from medload.data.stage_times import (
 from medload.errors import ConfigError
 from medload.models import TrainStep, segmentation_unet
 
+if TYPE_CHECKING:
+    from medload.storage.store import Store
+
 __all__ = ["profile", "profile_training", "Profile", "ProfileReport", "timed_batch", "STAGE_LABELS",
            "TRAINER_STAGES", "WORKER_STAGES", "TIERS"]
 
@@ -68,7 +73,7 @@ NUM_WORKERS: int | str = 0
 WINDOW: str | None = "soft_tissue"
 
 
-def profile_training(store, *, batch_size: int | FromConfig = FROM_CONFIG, num_workers: int | str | FromConfig = FROM_CONFIG,
+def profile_training(store: Store, *, batch_size: int | FromConfig = FROM_CONFIG, num_workers: int | str | FromConfig = FROM_CONFIG,
                      steps: int = 20, window: str | None | FromConfig = FROM_CONFIG, context: int = 1,
                      device: str | torch.device = "cpu", model: str = "small", augment: bool = False, seed: int = 0,
                      config: LoaderConfig | None = None) -> tuple[ProfileReport, LoaderTuning | None]:

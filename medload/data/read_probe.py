@@ -14,6 +14,7 @@ from time import perf_counter, process_time
 
 import torch
 
+from medload.data.loader_types import BatchReader, LoaderBatch
 from medload.storage.observe import ReadObserver
 
 __all__ = ["ReadTimes", "timed_batch", "stop_timing"]
@@ -49,7 +50,7 @@ class ReadTimes(ReadObserver):
 _TIMES = ReadTimes()
 
 
-def timed_batch(slots, batch) -> dict:
+def timed_batch(slots: BatchReader, batch: LoaderBatch) -> dict:
     """Read ``batch`` like ``slots.fill`` (a loader's slot dataset), adding its stage times to the
     meta dict under ``"profile"``; called in whichever process reads the batch (a worker, or the
     trainer with ``num_workers=0``). Once the profile has ended, takes the observer off again.
@@ -80,7 +81,7 @@ def timed_batch(slots, batch) -> dict:
     return meta
 
 
-def stop_timing(slots) -> None:
+def stop_timing(slots: BatchReader) -> None:
     """Take this process's observer off the store of ``slots`` (a loader's slot dataset)."""
     slots.dataset.store.unobserve(_TIMES)
     slots.probed = False

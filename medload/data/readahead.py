@@ -18,6 +18,8 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from medload.data.loader_types import LoaderBatch, LoaderDataset
+
 __all__ = ["ReadAhead"]
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ class ReadAhead:
     def __setstate__(self, state: dict) -> None:
         ReadAhead.__init__(self)
 
-    def before(self, dataset, batch) -> None:
+    def before(self, dataset: LoaderDataset, batch: LoaderBatch) -> None:
         """Call before reading ``batch`` (a loader batch: ``number``, indices, ``ahead``): announces it now
         unless it was announced earlier, and the batches ``ahead`` of it in the background."""
         pool = self._pool
@@ -57,7 +59,7 @@ class ReadAhead:
                 pool.submit(_quietly, dataset, indices)
 
 
-def _quietly(dataset, indices: list[int]) -> None:
+def _quietly(dataset: LoaderDataset, indices: list[int]) -> None:
     try:
         dataset.prefetch(indices)
     except Exception as exc:  # noqa: BLE001 - a hint: the read that follows reports the problem

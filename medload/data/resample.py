@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from medload.data.patch_geometry import source_box
@@ -27,27 +28,28 @@ HU_PAD = -1024.0
 """What an image is padded with outside its volume: air, the lowest HU a CT stores."""
 
 
-def _coordinate(m: np.ndarray, shape: Sequence[int], k: int, dtype=np.float64) -> np.ndarray:
+def _coordinate(m: np.ndarray, shape: Sequence[int], k: int, dtype: type[np.floating] = np.float64) -> np.ndarray:
     """``(D, H, W)``: row ``k`` of the affine ``m`` applied to every output index ``(d, h, w)``."""
     d, h, w = (np.arange(n, dtype=dtype) for n in shape)
     a, b, c, t = (dtype(x) for x in m[k])
     return (t + a * d)[:, None, None] + (b * h)[None, :, None] + (c * w)[None, None, :]
 
 
-def source_points(v2v: np.ndarray, shape: Sequence[int], offset=(0, 0, 0)) -> np.ndarray:
+def source_points(v2v: np.ndarray, shape: Sequence[int], offset: npt.ArrayLike = (0, 0, 0)) -> np.ndarray:
     """``(D, H, W, 3)`` float64: the source index ``(slice, row, column)`` of each output voxel centre, less
     ``offset`` (the first voxel of the source block read)."""
     m = _shifted(v2v, offset)
     return np.stack([_coordinate(m, shape, k) for k in range(3)], axis=-1)
 
 
-def _shifted(v2v: np.ndarray, offset) -> np.ndarray:
+def _shifted(v2v: np.ndarray, offset: npt.ArrayLike) -> np.ndarray:
     m = np.array(v2v, dtype=np.float64)
     m[:3, 3] -= np.asarray(offset, dtype=np.float64)
     return m
 
 
-def sample_linear(volume, v2v: np.ndarray, shape: Sequence[int], offset=(0, 0, 0), pad: float = HU_PAD) -> torch.Tensor:
+def sample_linear(volume: np.ndarray | torch.Tensor, v2v: np.ndarray, shape: Sequence[int],
+                  offset: npt.ArrayLike = (0, 0, 0), pad: float = HU_PAD) -> torch.Tensor:
     """Trilinear samples of ``volume`` (``(S, R, C)`` or channels first ``(K, S, R, C)``, any numeric dtype;
     the block of the source from voxel ``offset``) on the grid ``shape`` that ``v2v`` maps into the
     source: float32 ``(D, H, W)`` or ``(K, D, H, W)``."""
@@ -71,7 +73,7 @@ def sample_linear(volume, v2v: np.ndarray, shape: Sequence[int], offset=(0, 0, 0
     return out[0] if lone else out
 
 
-def sample_nearest(volume: np.ndarray, v2v: np.ndarray, shape: Sequence[int], offset=(0, 0, 0),
+def sample_nearest(volume: np.ndarray, v2v: np.ndarray, shape: Sequence[int], offset: npt.ArrayLike = (0, 0, 0),
                    fill: int = 0) -> np.ndarray:
     """Nearest-neighbour samples of ``volume`` ``(S, R, C)`` (the block of the source from voxel ``offset``)
     on the grid ``shape`` that ``v2v`` maps into the source, in its own dtype; ``fill`` outside."""
@@ -87,7 +89,7 @@ def sample_nearest(volume: np.ndarray, v2v: np.ndarray, shape: Sequence[int], of
     return out
 
 
-def resample_volume(volume, v2v: np.ndarray, shape: Sequence[int], pad: float = HU_PAD,
+def resample_volume(volume: np.ndarray | torch.Tensor, v2v: np.ndarray, shape: Sequence[int], pad: float = HU_PAD,
                     chunk: int = 1 << 21) -> torch.Tensor:
     """A whole volume (``(S, R, C)``, or channels first) trilinearly resampled onto the grid ``shape`` that
     ``v2v`` maps into it, float32, ``pad`` outside: ``chunk`` output voxels at a time, each from the block

@@ -27,11 +27,16 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 from torch.utils.data import Sampler
 
 from medload.errors import ConfigError
+
+if TYPE_CHECKING:
+    from medload.data.index import SampleIndex
 
 __all__ = ["UniformSampler", "ForegroundSampler", "SeriesGroupedSampler"]
 
@@ -39,7 +44,7 @@ _CHUNK = 1 << 16  # indices converted to Python ints per step while iterating
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def _int(name: str, value, *, low: int | None = None) -> int:
+def _int(name: str, value: Any, *, low: int | None = None) -> int:
     """``value`` as an int (at least ``low``), or a ConfigError naming the argument."""
     try:
         out = operator.index(value)
@@ -55,7 +60,7 @@ def _rng(seed: int, epoch: int, *stream: int) -> np.random.Generator:
     return np.random.default_rng([seed % 2**64, epoch % 2**64, *stream])
 
 
-def _ids(name: str, values, *, allow_empty: bool = False) -> np.ndarray:
+def _ids(name: str, values: npt.ArrayLike, *, allow_empty: bool = False) -> np.ndarray:
     """A 1-D integer array of per-sample ids (series or patient), validated."""
     arr = np.asarray(values)
     if arr.ndim != 1:
@@ -87,7 +92,7 @@ def _stable_argsort(keys: np.ndarray, n_keys: int) -> np.ndarray:
     return np.argsort(keys.astype(np.uint16 if n_keys <= 65536 else np.int64), kind="stable")
 
 
-def _index_of(dataset, sampler: str):
+def _index_of(dataset: object, sampler: str) -> SampleIndex:
     """The :class:`~medload.data.index.SampleIndex` of a SliceDataset/SlabDataset, or a ConfigError saying
     what ``from_dataset`` takes instead."""
     index = getattr(dataset, "index", None)
@@ -137,7 +142,7 @@ class UniformSampler(_EpochSampler):
         self.replacement = bool(replacement)
 
     @classmethod
-    def from_dataset(cls, dataset, **kwargs) -> UniformSampler:
+    def from_dataset(cls, dataset: Any, **kwargs: Any) -> UniformSampler:
         """The sampler over every sample of a SliceDataset/SlabDataset (``kwargs`` as the constructor's)."""
         return cls(len(_index_of(dataset, cls.__name__)), **kwargs)
 
@@ -180,7 +185,7 @@ class ForegroundSampler(_EpochSampler):
         self.num_samples = self.n if num_samples is None else _int("num_samples", num_samples, low=1)
 
     @classmethod
-    def from_dataset(cls, dataset, **kwargs) -> ForegroundSampler:
+    def from_dataset(cls, dataset: Any, **kwargs: Any) -> ForegroundSampler:
         """The sampler over a SliceDataset/SlabDataset with labels, drawing on its ``dataset.foreground``."""
         _index_of(dataset, cls.__name__)
         if dataset.foreground is None:
@@ -243,7 +248,7 @@ class SeriesGroupedSampler(_EpochSampler):
         self._block_len = np.minimum(self._block_start + step, (starts + sizes)[block_series]) - self._block_start
 
     @classmethod
-    def from_dataset(cls, dataset, **kwargs) -> SeriesGroupedSampler:
+    def from_dataset(cls, dataset: Any, **kwargs: Any) -> SeriesGroupedSampler:
         """The sampler over a SliceDataset/SlabDataset, grouped by its ``dataset.index.series``."""
         return cls(_index_of(dataset, cls.__name__).series, **kwargs)
 

@@ -28,7 +28,7 @@ workers' L1 budget); :mod:`medload.data.device_loader` what runs in the trainer,
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -38,8 +38,10 @@ import torch
 from medload import windows as win
 from medload.data.buckets import ShapeBucketBatchSampler
 from medload.data.buffers import Recycler
+from medload.data.loader_types import LoaderDataset
 from medload.data.read_probe import timed_batch
 from medload.data.readahead import ReadAhead
+from medload.errors import ConfigError
 from medload.storage.cache.lru import cap_shared
 
 if TYPE_CHECKING:
@@ -74,7 +76,8 @@ class _SlotBatchSampler(torch.utils.data.Sampler):
     (1 without workers) batches n + lookahead, n + 2 * lookahead ... are the next ones of the process that
     reads batch n: while it decodes batch n, the disk reads them (:meth:`medload.Store.prefetch`)."""
 
-    def __init__(self, sampler, batch_size: int, drop_last: bool, slots: int, buckets, lookahead: int = 1,
+    def __init__(self, sampler: Iterable[int], batch_size: int, drop_last: bool, slots: int, buckets: np.ndarray,
+                 lookahead: int = 1,
                  depth: int | None = None) -> None:
         self.batches, self.slots = ShapeBucketBatchSampler(sampler, buckets, batch_size, drop_last), slots
         self.lookahead, self.depth = lookahead, READ_AHEAD_BATCHES if depth is None else depth
@@ -105,12 +108,15 @@ class _SlotBatchSampler(torch.utils.data.Sampler):
         self.batches.set_epoch(epoch)
 
 
-def _views(slot: np.ndarray, image_shape, image_dtype: np.dtype, label_shape, label_dtype) -> tuple:
+def _views(slot: np.ndarray, image_shape: tuple[int, ...], image_dtype: np.dtype, label_shape: tuple[int, ...] | None,
+           label_dtype: np.dtype | None) -> tuple[np.ndarray, np.ndarray | None]:
     """The image (and label) arrays of a batch, laid out one after the other in a slot's bytes."""
     n_image = int(np.prod(image_shape)) * image_dtype.itemsize
     image = slot[:n_image].view(image_dtype).reshape(image_shape)
     if label_shape is None:
         return image, None
+    if label_dtype is None:
+        raise ConfigError("a batch with labels needs the dataset's label_dtype; this dataset has none")
     n_label = int(np.prod(label_shape)) * label_dtype.itemsize
     return image, slot[n_image : n_image + n_label].view(label_dtype).reshape(label_shape)
 
@@ -143,7 +149,7 @@ class _SlotDataset(torch.utils.data.Dataset):
     batches are then timed stage by stage where they are read (see :func:`~medload.data.read_probe.timed_batch`).
     """
 
-    def __init__(self, dataset, buffers: torch.Tensor, control: torch.Tensor,
+    def __init__(self, dataset: LoaderDataset, buffers: torch.Tensor, control: torch.Tensor,
                  cast_to: tuple[torch.dtype, _Scale] | None = None) -> None:
         self.dataset, self.buffers, self.control, self.cast_to = dataset, buffers, control, cast_to
         self.recycler = Recycler() if cast_to else None
@@ -204,7 +210,7 @@ def slot_count(num_workers: int, prefetch_factor: int) -> int:
 _FAR_LARGER = 8
 
 
-def worker_l1(dataset, num_workers: int) -> int | None:
+def worker_l1(dataset: LoaderDataset, num_workers: int) -> int | None:
     """The L1 budget of each DataLoader worker of a loader over ``dataset`` (None: the store's own).
 
     Every process keeps its own L1, so W workers hold W copies of the budget. Where the dataset is far

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from medload.data.index import SampleIndex
+from medload.data.loader_types import LoaderDataset
 from medload.data.samplers import _rng
 from medload.errors import ConfigError
 
@@ -30,7 +31,7 @@ class PatientSplit(NamedTuple):
     val: tuple[str, ...]
 
 
-def split_patients(data, val_fraction: float,
+def split_patients(data: SampleIndex | LoaderDataset, val_fraction: float,
                    seed: int = 0) -> PatientSplit:
     """Split a dataset's (a SliceDataset, SlabDataset or its SampleIndex) series by patient: ``round(val_fraction * patients)`` patients (at least one where
     ``val_fraction > 0``), drawn from ``seed``, give the validation series, the others the training ones.

@@ -11,10 +11,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from time import perf_counter
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 
 from medload.data.read_probe import stop_timing
+
+if TYPE_CHECKING:
+    from medload.data.device_loader import DeviceLoader
+    from medload.data.slots import _SlotDataset
 
 __all__ = ["profile", "Profile", "ProfileReport", "STAGE_LABELS", "TRAINER_STAGES", "WORKER_STAGES", "TIERS"]
 
@@ -88,7 +93,7 @@ class Profile:
 
 
 @contextmanager
-def profile(loader) -> Iterator[Profile]:
+def profile(loader: DeviceLoader) -> Iterator[Profile]:
     """Time every stage of ``loader`` (a :class:`~medload.data.loader.DeviceLoader`) while the block
     runs; enter it before the ``for`` loop. Works with any ``num_workers``.
 
@@ -100,7 +105,7 @@ def profile(loader) -> Iterator[Profile]:
         >>> rep = prof.report(); rep.wall_s > 0 and sum(rep.slices.values()) >= len(loader.dataset)
         True
     """
-    slots = loader.loader.dataset
+    slots = cast("_SlotDataset", loader.loader.dataset)  # make_loader builds it over a _SlotDataset
     prof = Profile(loader.device, loader.loader.num_workers)
     loader.profiler = prof
     slots.control[0] = 1
@@ -208,8 +213,9 @@ class ProfileReport:
         wall, per = self.wall_s, max(self.batches, 1)
         table = Table(title=f"{self.batches} batches, {self.samples} samples, num_workers={self.num_workers}",
                       caption=self._caption())
-        for name, justify in (("stage", "left"), ("seconds", "right"), ("% of wall", "right"),
-                              ("ms per batch", "right")):
+        columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
+            ("stage", "left"), ("seconds", "right"), ("% of wall", "right"), ("ms per batch", "right"))
+        for name, justify in columns:
             table.add_column(name, justify=justify)
 
         def row(label: str, seconds: float, share: float | None = None, style: str | None = None) -> None:

@@ -32,12 +32,13 @@ from monai.transforms import (
 )
 
 from medload import windows as win
+from medload.config import CacheConfig
 from medload.data.monai_reader import MedloadReader
 
 __all__ = ["train_transforms", "val_transforms"]
 
 
-def _load(keys: Sequence[str], window: str | win.Window, cache) -> list:
+def _load(keys: Sequence[str], window: str | win.Window, cache: CacheConfig | str | None) -> list:
     # MONAI's annotation names reader classes only; its docs (and LoadImage) take a reader instance too
     return [LoadImaged(keys=list(keys), reader=MedloadReader(cache), image_only=True),  # type: ignore[arg-type]
             EnsureChannelFirstd(keys=list(keys)),
@@ -45,13 +46,13 @@ def _load(keys: Sequence[str], window: str | win.Window, cache) -> list:
 
 
 def val_transforms(window: str | win.Window = "soft_tissue", keys: Sequence[str] = ("image", "label"),
-                   cache=None) -> Compose:
+                   cache: CacheConfig | str | None = None) -> Compose:
     """Load, channel first, window the image (``keys[0]``) to 0..1, tensors."""
     return Compose([*_load(keys, window, cache), EnsureTyped(keys=list(keys))])
 
 
 def train_transforms(window: str | win.Window = "soft_tissue", keys: Sequence[str] = ("image", "label"),
-                     spatial_dims: int = 2, cache=None, seed: int = 0) -> Compose:
+                     spatial_dims: int = 2, cache: CacheConfig | str | None = None, seed: int = 0) -> Compose:
     """:func:`val_transforms` plus per-sample augmentation: flips, rotation/zoom (image bilinear,
     labels nearest), intensity scale/shift and noise on the image."""
     keys = list(keys)

@@ -88,6 +88,8 @@ def connect(scheduler: str, default_workers: int) -> Iterator[Client]:
                               "right?)") from None
         stack.callback(client.close)
         _check_not_daemonic(client, scheduler)
+        if client.scheduler is None:  # a Client started above is connected; a closed one has none
+            raise ConfigError(f"the Dask client of {scheduler} has no scheduler connection: start the ingest again")
         log.info("ingest on Dask at %s: %d workers", client.scheduler.address, len(client.scheduler_info()["workers"]))
         yield client
 
@@ -123,7 +125,7 @@ def local_cluster(workers: int) -> Iterator[LocalCluster]:
             cluster.close()
 
 
-def dask_setup(worker) -> None:
+def dask_setup(worker: object) -> None:  # a distributed.Worker, unused
     """Preload of the worker processes of a LocalCluster medload starts: they ignore Ctrl-C and SIGTERM. The
     terminal (or ``kill`` of the process group) sends them to every process of the ingest, and a worker stopped
     mid-task prints its tracebacks, or is restarted by its nanny, with warnings; the ingest stops on either

@@ -30,10 +30,12 @@ bytes (PS3.5 G.3.1), and to the header checks of :mod:`medload.ingest.encapsulat
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 from pydicom.encaps import encapsulate, get_frame
 from pydicom.pixels import get_decoder
+from pydicom.pixels.decoders.base import Decoder
 from pydicom.uid import (
     HTJ2K,
     JPEG2000,
@@ -267,19 +269,20 @@ def decode_frame(pixel_data: bytes, index: int, frames: int, syntax: str, **opti
                                  f"no decoder installed for {name}"))
 
 
-def _plugins(decoder) -> list[str]:
+def _plugins(decoder: Decoder) -> list[str]:
     """pydicom's order of preference (the order its plugins were added; ``available_plugins`` sorts by
     name), strict plugins first: JPEG-LS decoding is exact (T.87), so CharLS gives libjpeg's pixels."""
     order = list(getattr(decoder, "_available", None) or decoder.available_plugins)
     return sorted(order, key=lambda name: name not in _STRICT_PLUGINS)
 
 
-def _decode(decoder, codestream: bytes, plugin: str, options: dict) -> np.ndarray:
-    values, _ = decoder.as_array(encapsulate([codestream]), decoding_plugin=plugin, number_of_frames=1, **options)
+def _decode(decoder: Decoder, codestream: bytes, plugin: str, options: dict[str, Any]) -> np.ndarray:
+    # pydicom annotates the options as each a DecodeOptions (a dict of them all): passed as one such dict
+    values, _ = decoder.as_array(encapsulate([codestream]), decoding_plugin=plugin, **{**options, "number_of_frames": 1})
     return values
 
 
-def _probe(decoder, codestream: bytes, scan_end: int, plugin: str, options: dict, values: np.ndarray,
+def _probe(decoder: Decoder, codestream: bytes, scan_end: int, plugin: str, options: dict, values: np.ndarray,
            index: int) -> None:
     """Raise unless decoding with :data:`_FILLER` after the last scan gives ``values`` again (see the
     module docstring)."""

@@ -131,7 +131,7 @@ class DaskEngine:
     def __enter__(self) -> DaskEngine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:

@@ -181,7 +181,7 @@ class _Bounded:
     def __enter__(self) -> _Bounded:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._file.close()
 
 

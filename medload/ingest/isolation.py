@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
@@ -56,6 +57,8 @@ __all__ = ["IsolatedPool", "Job", "Lost", "mark"]
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+#: a worker's shared progress marker: a RawValue("q"), read and written through ``.value``
+Marker = ctypes.c_longlong
 _T_co = TypeVar("_T_co", covariant=True)
 _A = TypeVar("_A")
 
@@ -71,7 +74,7 @@ _PR_SET_PDEATHSIG = 1            # prctl(2)
 class _Marker:
     """This process's shared counter (None outside a pool worker) and its current task."""
 
-    value = None
+    value: Marker | None = None
     task = 0
 
 
@@ -113,7 +116,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _serve(tasks: Connection, results: Connection, marker, memory: int, initializer: Callable, initargs: tuple,
+def _serve(tasks: Connection, results: Connection, marker: Marker, memory: int, initializer: Callable, initargs: tuple,
            inherited: list[Connection]) -> None:
     """A worker's life: run tasks until told to stop or until the supervisor's end of the pipe closes."""
     for conn in inherited:
@@ -179,7 +182,7 @@ class Job(Generic[_T_co]):
 class _Worker:
     """One worker process, its two pipes, and the tasks sent to it (in order) and not yet answered."""
 
-    def __init__(self, process, tasks: Connection, results: Connection, marker) -> None:
+    def __init__(self, process: BaseProcess, tasks: Connection, results: Connection, marker: Marker) -> None:
         self.process, self.tasks, self.results, self.marker = process, tasks, results, marker
         try:
             self.capacity = fcntl.fcntl(tasks.fileno(), fcntl.F_GETPIPE_SZ)
@@ -233,7 +236,7 @@ class IsolatedPool:
     def __enter__(self) -> IsolatedPool:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- tasks ----
@@ -321,7 +324,7 @@ class IsolatedPool:
             raise RuntimeError("waiting for a task that was never submitted to this pool")
         waitables = {w.results: w for w in busy} | {w.process.sentinel: w for w in self._workers}
         for ready in wait(list(waitables), self._tick):
-            w = waitables[ready]
+            w = waitables[cast("Connection | int", ready)]  # wait() returns the objects it was given
             if w in self._workers:  # not replaced already in this round
                 self._receive(w)
         if self._timeout:

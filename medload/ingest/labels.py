@@ -226,5 +226,5 @@ def place_label(inp: LabelInput, grid: SeriesGrid, pseudo: Pseudonymizer, roi_ma
     return rtstruct_to_grid(ds, grid, roi_map=roi_map, source=name)
 
 
-def _as_file(ref: SourceRef):
+def _as_file(ref: SourceRef) -> str | io.BytesIO:
     return ref.path if ref.member is None else io.BytesIO(read_source(ref))

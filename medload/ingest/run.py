@@ -11,6 +11,7 @@ publishes (:mod:`medload.ingest.dask_engine`).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -18,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from medload import windows as win
 from medload.config import IngestConfig
@@ -41,6 +42,9 @@ from medload.storage.space import disk_full_is_error
 from medload.storage.store import open_store
 from medload.storage.store_key import load_store_key
 from medload.storage.writer import StoreWriter
+
+if TYPE_CHECKING:
+    from medload.ingest.dask_engine import DaskEngine
 
 __all__ = ["ingest", "open_writer"]
 
@@ -222,7 +226,7 @@ class _LocalEngine:
     def __enter__(self) -> _LocalEngine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.pool.close()
 
     def headers(self, refs: list[SourceRef], report: IngestReport, progress: bool,
@@ -234,7 +238,7 @@ class _LocalEngine:
         decode_and_write(self.pool, writer, plans, self.cfg, report, progress, labels)
 
 
-def _engine(scheduler: str | None, cfg: IngestConfig, pseudo: Pseudonymizer, store: Path):
+def _engine(scheduler: str | None, cfg: IngestConfig, pseudo: Pseudonymizer, store: Path) -> _LocalEngine | DaskEngine:
     if scheduler is None:
         return _LocalEngine(cfg, pseudo)
     from medload.ingest.dask_engine import DaskEngine
@@ -243,7 +247,7 @@ def _engine(scheduler: str | None, cfg: IngestConfig, pseudo: Pseudonymizer, sto
 
 
 # ---- stages --------------------------------------------------------------------------------------
-def _discover(sources, spool: Path, report: IngestReport) -> list[SourceRef]:
+def _discover(sources: str | os.PathLike | Sequence[str | os.PathLike], spool: Path, report: IngestReport) -> list[SourceRef]:
     refs = []
     for item in discover(sources, spool_dir=spool):
         if isinstance(item, DiscoveryProblem):

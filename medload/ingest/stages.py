@@ -13,9 +13,11 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import replace
 
 from medload.config import IngestConfig
+from medload.errors import MedloadError
 from medload.ingest import plausibility
 from medload.ingest.discover import SourceRef
 from medload.ingest.geometry import Geometry
@@ -24,7 +26,7 @@ from medload.ingest.isolation import IsolatedPool, Job, Lost
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput
 from medload.ingest.report import IngestReport, SeriesOutcome
-from medload.ingest.ring import SliceRing
+from medload.ingest.ring import SliceRing, Span
 from medload.ingest.series import SeriesCandidate
 from medload.ingest.worker import DecodeChunk, EncodedSlice, Failure, decode_chunk, header_batch, source_sha256
 from medload.labels.grid import SeriesGrid
@@ -161,7 +163,7 @@ def decode_and_write(pool: IsolatedPool, writer: StoreWriter | TaskShardWriter, 
             ring.close()
 
 
-def _disk_full_is_error(writer: StoreWriter | TaskShardWriter, plan: SeriesPlan):
+def _disk_full_is_error(writer: StoreWriter | TaskShardWriter, plan: SeriesPlan) -> AbstractContextManager[None]:
     """A full disk while a series is written is one DiskFullError naming it (its transaction is rolled back)."""
     where = writer.root if isinstance(writer, StoreWriter) else writer.path
     return disk_full_is_error(where, "commit", f"writing series {plan.cand.key.hex()[:12]} into a staging shard")
@@ -212,8 +214,13 @@ def _estimate(plan: SeriesPlan, cfg: IngestConfig) -> int:
 
 def _put(state: _SeriesInProgress, slices: list[EncodedSlice], ring: SliceRing | None) -> None:
     """Hand the chunk's values to the transaction (LMDB copies them, so the ring slot can be reused)."""
-    def value(v):
-        return v if isinstance(v, bytes) else ring.view(v)
+    def value(v: bytes | Span) -> bytes | memoryview:
+        if isinstance(v, bytes):
+            return v
+        if ring is None:
+            raise MedloadError(f"slice {state.plan.cand.key.hex()[:12]}: a value in a ring span, and no ring to read it "
+                               "from (a bug in medload: please report it)")
+        return ring.view(v)
 
     for s in slices:
         state.txn.put_slice(s.z, value(s.value), {name: value(v) for name, v in s.windows.items()})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import struct
 from functools import cache
-from typing import overload
+from typing import Any, overload
 
 from pydicom.datadict import dictionary_VR, tag_for_keyword
 from pydicom.dataelem import RawDataElement
@@ -88,7 +88,7 @@ def strings(ds: Dataset, keyword: str) -> tuple[str, ...]:
     return tuple(str(v).strip().upper() for v in (_values(ds, keyword) or ()))
 
 
-def _number(keyword: str, value) -> float:
+def _number(keyword: str, value: Any) -> float:  # a header value of any VR
     try:
         x = float(value)
     except (TypeError, ValueError):

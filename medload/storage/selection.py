@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from medload.errors import ConfigError
 from medload.storage.orientation import ORIENTATIONS, series_orientation
 from medload.storage.records import SeriesRecord
+
+#: a filter's value: one name, or several
+Names = str | Iterable[str]
 
 __all__ = ["thick_enough", "select_series", "require_series", "explain_filters", "slab_starts"]
 
@@ -32,7 +36,7 @@ def select_series(records: Iterable[SeriesRecord], *, modality: str | Sequence[s
     return [rec for rec in records if all(test(rec) for test in tests)]
 
 
-def require_series(records: Iterable[SeriesRecord], where: str, **filters) -> list[SeriesRecord]:
+def require_series(records: Iterable[SeriesRecord], where: str, **filters: Any) -> list[SeriesRecord]:
     """:func:`select_series`, and where no series is left a ConfigError that says, filter by filter, how
     many series each one matched and what the store holds (``where``: the store, for the message)."""
     records = list(records)
@@ -43,8 +47,8 @@ def require_series(records: Iterable[SeriesRecord], where: str, **filters) -> li
     return chosen
 
 
-def explain_filters(records: Sequence[SeriesRecord], *, modality=None, kernel=None, thickness=None, keys=None,
-                    orientation=None) -> str:
+def explain_filters(records: Sequence[SeriesRecord], *, modality: Names | None = None, kernel: Names | None = None,
+                    thickness: Sequence[float] | None = None, keys: Any = None, orientation: Names | None = None) -> str:
     """What each given filter matches on its own, e.g. ``"modality='MR' matched 0 of 9 (stored modalities:
     CT); thickness=(0.5, 3.0) matched 0 of 9 (stored thicknesses: 5.0 mm)"``."""
     if not records:
@@ -79,9 +83,10 @@ def _values(values: list, name: str) -> str:
 _PLURAL = {"modality": "modalities", "kernel": "kernels", "thickness": "thicknesses", "orientation": "orientations"}
 
 
-def _filters(modality, kernel, thickness, keys, orientation) -> list[tuple[str, Callable[[SeriesRecord], bool]]]:
+def _filters(modality: Names | None, kernel: Names | None, thickness: Sequence[float] | None, keys: Any,
+             orientation: Names | None) -> list[tuple[str, Callable[[SeriesRecord], bool]]]:
     """(name, predicate) of each filter given; the values checked once, here."""
-    def names(value) -> set[str]:
+    def names(value: Names) -> set[str]:
         return {value} if isinstance(value, str) else set(value)
 
     out: list[tuple[str, Callable[[SeriesRecord], bool]]] = []
@@ -107,7 +112,7 @@ def _filters(modality, kernel, thickness, keys, orientation) -> list[tuple[str, 
     return out
 
 
-def _key_prefixes(keys) -> tuple[str, ...]:
+def _key_prefixes(keys: Any) -> tuple[str, ...]:  # keys: str, an iterable of str, or a frame with a 'key' column
     """Key filter values as a tuple for ``str.startswith`` (a lone string is one key, not its letters)."""
     if hasattr(keys, "columns"):  # a DataFrame, e.g. a filtered Store.catalog(): iterating it gives column names
         if "key" not in keys.columns:

@@ -405,7 +405,7 @@ class Store:
                            observers=self._observers)
 
     # ---- read-ahead --------------------------------------------------------------------------
-    def prefetch(self, spans, *, plane: str | None = None, labels: bool = False, window: str | None = None) -> None:
+    def prefetch(self, spans: Iterable[tuple[str | bytes, int, int]], *, plane: str | None = None, labels: bool = False, window: str | None = None) -> None:
         """Have the operating system start reading these slices from disk now, without waiting: each
         span is ``(key, z0, z1)``. A loader calls it for the batches it will read next, so that their
         disk reads overlap the decoding of this one (see :mod:`medload.storage.value_reads`); slices
@@ -425,7 +425,7 @@ class Store:
             if labels:
                 self._prefetch([item for item in items if self._all_labels().get(item[0].key_bytes)], sh.LABELS)
 
-    def prefetch_labels(self, spans) -> None:
+    def prefetch_labels(self, spans: Iterable[tuple[str | bytes, int, int]]) -> None:
         """:meth:`prefetch` of the label maps of ``spans`` (``(key, z0, z1)`` each) alone, for a caller
         whose labels span other slices than its images (a 2.5D stack's label is its centre slice's)."""
         items = [(self.record(key), z0, z1) for key, z0, z1 in spans]

@@ -34,7 +34,7 @@ import struct
 import threading
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,7 +222,7 @@ class ValueFile:
             for start, end, _ in coalesce(self._spans(found)):
                 os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_WILLNEED)
 
-    def read(self, found: list[Located]):
+    def read(self, found: list[Located]) -> Iterator[tuple[int, memoryview]]:
         """Yield ``(i, view)`` for each located value: its bytes, read with one pread per run into this
         thread's buffer (a view is valid until the thread reads the next run)."""
         spans = self._spans(found)

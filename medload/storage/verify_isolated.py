@@ -16,16 +16,19 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from medload.storage.verify_report import RESTORE, Damage, VerifyReport
 from medload.storage.verify_shard import shard_records, shard_values
+
+T = TypeVar("T")
 
 __all__ = ["run_check"]
 
 _CHECKS = {fn.__name__: fn for fn in (shard_records, shard_values)}
 
 
-def run_check(report: VerifyReport, isolated: bool, shard: str, fn: Callable, *args):
+def run_check(report: VerifyReport, isolated: bool, shard: str, fn: Callable[..., T], *args: Any) -> T | None:
     """``fn(report, *args)`` (one of :mod:`~medload.storage.verify_shard`'s checks) here or, when
     ``isolated``, in a child process; its result, or None when the child died (named as damage)."""
     if not isolated:

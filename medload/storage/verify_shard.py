@@ -142,7 +142,7 @@ class _Group:
         self.digests: list[bytes] = []
         self.bad = 0
 
-    def add(self, z: int, value, report: VerifyReport) -> None:
+    def add(self, z: int, value: bytes | memoryview, report: VerifyReport) -> None:
         self.zs.append(z)
         e = self.expect
         if e is None or z >= e.shape[0]:

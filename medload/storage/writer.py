@@ -102,7 +102,7 @@ class SeriesTransaction:
                              "begin a new one to write it")
         return self._txn
 
-    def put_slice(self, z: int, value: bytes, windows: dict[str, bytes] | None = None) -> None:
+    def put_slice(self, z: int, value: bytes | memoryview, windows: dict[str, bytes | memoryview] | None = None) -> None:
         dbs, txn = self._writer._dbs, self._open_txn()
         k = slice_key(self._key, z)
         txn.put(k, value, db=dbs[sh.SLICES])
@@ -311,7 +311,7 @@ class StoreWriter:
     def __enter__(self) -> StoreWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- writing ---------------------------------------------------------------------------

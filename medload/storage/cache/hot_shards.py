@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
@@ -154,7 +154,7 @@ class HotShards:
     def _lock_path(self, name: str) -> Path:
         return self.hot_dir / "locks" / (name + ".lock")
 
-    def _full_disk(self, doing: str):
+    def _full_disk(self, doing: str) -> AbstractContextManager[None]:
         """A full disk under the hot dir is one DiskFullError; the shards are read from the store meanwhile."""
         return disk_full_is_error(self.hot_dir, "hot-shard copy", doing, _HOT_ADVICE)
 
