@@ -90,16 +90,16 @@ class StoreDataModule(lightning.LightningDataModule):
         (41, 11250)
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the data module's public keywords: make_loader's and the datasets'
             self, store: str | os.PathLike | Store, *, context: int | None = None, depth: int | None = None,
-                 stride: int | None = None, plane: str | None = None, labels: bool | str | None = None,
-                 classes=None, modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
-                 thickness: tuple[float, float] | None = None, keys=None,
-                 orientation: str | Sequence[str] | None = None, batch_size: int | FromConfig = FROM_CONFIG,
-                 num_workers: int | str | FromConfig = FROM_CONFIG, window=FROM_CONFIG,
-                 augment: bool | AugmentConfig | Callable | None = None,
-                 sampler: str | Callable = "uniform", val_fraction: float = 0.2, seed: int = 0,
-                 device=None, loader_options: Mapping | None = None, config: LoaderConfig | None = None) -> None:
+            stride: int | None = None, plane: str | None = None, labels: bool | str | None = None,
+            classes=None, modality: str | Sequence[str] | None = None, kernel: str | Sequence[str] | None = None,
+            thickness: tuple[float, float] | None = None, keys=None,
+            orientation: str | Sequence[str] | None = None, batch_size: int | FromConfig = FROM_CONFIG,
+            num_workers: int | str | FromConfig = FROM_CONFIG, window=FROM_CONFIG,
+            augment: bool | AugmentConfig | Callable | None = None,
+            sampler: str | Callable = "uniform", val_fraction: float = 0.2, seed: int = 0,
+            device=None, loader_options: Mapping | None = None, config: LoaderConfig | None = None) -> None:
         super().__init__()
         if depth is not None and context is not None:
             raise ConfigError("pass context= (2.5D slices) or depth= (3D slabs), not both")

@@ -215,10 +215,11 @@ def choose_series(records: list, depth: int, max_series: int | None) -> tuple[li
     return chosen, note
 
 
-def prepare_from(root: str | os.PathLike, sources: Sequence[str | os.PathLike], *, samples: int, kind: str = "2.5d",
-                 depth: int | None = None, seed: int = 0, generated: list | None = None,
-                 stores: tuple[Path, Path | None] | None = None, max_series: int | None = None, u8: bool = True,
-                 npy: bool = True, monai: bool = True, key_file: Path | None = None) -> Prepared:
+def prepare_from(  # noqa: PLR0913 - keyword-only choices of which data the bench prepares
+        root: str | os.PathLike, sources: Sequence[str | os.PathLike], *, samples: int, kind: str = "2.5d",
+        depth: int | None = None, seed: int = 0, generated: list | None = None,
+        stores: tuple[Path, Path | None] | None = None, max_series: int | None = None, u8: bool = True,
+        npy: bool = True, monai: bool = True, key_file: Path | None = None) -> Prepared:
     """The data of one benchmark from DICOM ``sources``: a medload store (HU) and, with ``u8``, one with
     soft-tissue uint8 planes (or the given ``stores``), .npy volumes (``npy``), per-series DICOM folders
     for MONAI (``monai``), and ``samples`` samples of ``depth`` slices drawn with ``seed``.

@@ -63,7 +63,7 @@ def ordered(dataset: LoaderDataset, sampler: Iterable[int] | None, shuffle: bool
     return torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed or 0))
 
 
-def build_loader(
+def build_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one keyword each
         dataset: LoaderDataset, batch_size: int, num_workers: int, device: str | torch.device, *,
         sampler: Iterable[int] | None = None, window: str | win.Window | None = None, drop_last: bool = False,
         augment: Augment | None = None, dtype: torch.dtype = torch.float32, prefetch_factor: int | None = None,

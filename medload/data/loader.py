@@ -38,7 +38,7 @@ from medload.errors import ConfigError
 __all__ = ["make_loader", "DeviceLoader", "loader_settings", "slot_count", "worker_l1", "READ_AHEAD_BATCHES"]
 
 
-def make_loader(
+def make_loader(  # noqa: PLR0913 - the public keyword API of the loader, kept for compatibility
         dataset: LoaderDataset, batch_size: int | FromConfig = FROM_CONFIG,
         num_workers: int | str | FromConfig = FROM_CONFIG, device: str | torch.device = "cpu", *,
         window: str | win.Window | None | FromConfig = FROM_CONFIG, shuffle: bool = False,
