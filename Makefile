@@ -39,7 +39,7 @@ $(BIN)/.dev-installed: $(BIN)/.installed pyproject.toml
 	touch $@
 
 # System packages the tests use: dcm2niix (reference converter, the geometry oracle); orthanc and
-# orthanc-dicomweb (a real DICOMweb server: tests/test_dicomweb.py starts its own on loopback).
+# orthanc-dicomweb (a real DICOMweb server: tests/pacs/test_dicomweb.py starts its own on loopback).
 APT_PACKAGES := dcm2niix orthanc orthanc-dicomweb
 apt-deps:
 	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { \
@@ -52,7 +52,7 @@ demo: $(BIN)/.installed
 	$(BIN)/python pipelines/train_segmentation.py --store $(STORE) --quick --demo-target bone --out runs/demo
 
 test: $(BIN)/.dev-installed apt-deps
-	$(BIN)/ruff check medload tests benchmarks sample_data
+	$(BIN)/ruff check medload tests benchmarks sample_data pipelines notebooks  # ruff lints .ipynb cells natively
 	$(BIN)/mypy  # the whole medload package (settings: pyproject.toml [tool.mypy])
 	$(COMPILE)
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --nbmake notebooks tests  # the notebooks too (nbmake)

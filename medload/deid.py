@@ -7,7 +7,7 @@ logs. The key lives outside the store (``--key-file``, ``$MEDLOAD_KEY_FILE``, de
 ``~/.config/medload/pseudonym.key``, created 0600 on the first ingest into a new store; a given path
 only with ``--new-key``), readable by its owner alone; the store records only a fingerprint of it, so
 the same key gives the same pseudonyms and series keys on every machine, and a store refuses a
-different key (see :func:`load_key`). ``tests/test_privacy.py`` checks this table against the records.
+different key (see :func:`load_key`). ``tests/project/test_privacy.py`` checks this table against the records.
 
 ====================================================  =============================================
 attribute (tag)                                       in the store

@@ -59,8 +59,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from medload import open_store, windows
 from medload.config import LoaderConfig, load_config
-from medload.data import (AugmentConfig, BatchAugment, DistributedPatientSampler, SlabDataset, SliceDataset,
-                          locality_order, make_loader, sample_layout)
+from medload.data import (
+    AugmentConfig,
+    BatchAugment,
+    DistributedPatientSampler,
+    SlabDataset,
+    SliceDataset,
+    locality_order,
+    make_loader,
+    sample_layout,
+)
 from medload.data.labelling import parse_classes, stored_class_names
 from medload.devices import checked_device
 from medload.errors import ConfigError, MedloadError

@@ -18,7 +18,7 @@ from medload.storage.store import Store, open_store
 REPO = Path(__file__).resolve().parents[1]
 AXIAL = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
 PIXEL_SPACING = (0.7, 0.8)  # (row spacing, column spacing), as in PixelSpacing (0028,0030)
-DATA = REPO / "tests" / "data"
+DATA = REPO / "tests" / "scans"
 PHILIPS = REPO / "sample_data" / "philips_ct_head"
 #: Devices for tests of code that runs on the training device: always the CPU, and CUDA where a GPU is.
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

@@ -18,7 +18,7 @@ uniform centres.
 the label's), then trilinear resampling of the image (float32 HU, -1024 outside the volume) and nearest
 neighbour of the label (0 outside) -- :mod:`medload.data.resample`.
 
-Equal to MONAI's ``SpatialResample`` of the exported NIfTI onto the patch's affine (tests/test_patches.py).
+Equal to MONAI's ``SpatialResample`` of the exported NIfTI onto the patch's affine (tests/data/test_patches.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ about as much as they resemble each other across it. Slice k is an outlier when 
 difference to each neighbour exceeds both :data:`NEIGHBOUR_RATIO` times the difference between those
 neighbours and :data:`NEIGHBOUR_FLOOR_HU` (the first and last slice are compared with the next step
 inward). Differences are taken on a ~32 x 32 subsample of each slice. Measured on the real CT in
-``tests/data`` and ``sample_data``: the Philips head (28 x 5 mm) has ratios up to 0.66 and mean
+``tests/scans`` and ``sample_data``: the Philips head (28 x 5 mm) has ratios up to 0.66 and mean
 differences up to 144 HU, the GE slices 1.01 and 30 HU, and MONAI's 4 slices with gaps up to 202 mm
 1.34 and 1166 HU: the ratio 3 leaves more than twice that margin, and a slice must differ from *both*
 neighbours, so a step in the anatomy (breathing, the end of an organ) never trips it. In the synthetic
