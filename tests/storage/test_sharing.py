@@ -62,7 +62,7 @@ def public_tmp():
 def _as_member(args: list[str], group: int = TEAM) -> subprocess.CompletedProcess:
     """Run ``args`` as uid 65534 in group 65534, with ``group`` as its one supplementary group."""
     if shutil.which("setpriv") is None:
-        pytest.skip("needs setpriv (util-linux) to run the reader as another user")
+        pytest.skip(reason="needs setpriv (util-linux) to run the reader as another user")
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/nonexistent"}
     return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", f"--groups={group}", *args],
                           capture_output=True, text=True, env=env, cwd="/")
@@ -71,7 +71,7 @@ def _as_member(args: list[str], group: int = TEAM) -> subprocess.CompletedProces
 def _read_as_member(store: Path, group: int = TEAM) -> subprocess.CompletedProcess:
     proc = _as_member([sys.executable, "-c", READER, str(store)], group)
     if proc.returncode not in (0, 3) and "medload" not in proc.stderr:
-        pytest.skip(f"uid {NOBODY} cannot run this Python here: {proc.stderr.strip()[-300:]}")
+        pytest.skip(reason=f"uid {NOBODY} cannot run this Python here: {proc.stderr.strip()[-300:]}")
     return proc
 
 
@@ -130,7 +130,7 @@ def test_a_store_not_shared_with_a_user_says_so_in_one_line(public_tmp):
 def test_share_sets_who_reads_the_store(public_tmp):
     team = grp.getgrnam("users").gr_gid if "users" in {g.gr_name for g in grp.getgrall()} else None
     if team is None:
-        pytest.skip("needs a group named users, to share with it by name")
+        pytest.skip(reason="needs a group named users, to share with it by name")
     store = public_tmp / "store"
     created = subprocess.run([*MEDLOAD, "ingest", str(PHILIPS / "dicom"), str(store), "--workers", "1",
                               "--no-progress", "--share", "group:users"], capture_output=True, text=True)
