@@ -5,7 +5,9 @@
 :class:`~medload.data.SliceDataset` (2.5D) or :class:`~medload.data.SlabDataset` (3D) for each, and hands
 Lightning :func:`~medload.data.make_loader` loaders: batches are read, windowed and augmented by the fast
 path, on the trainer's device. Lightning calls ``set_epoch`` on them every epoch, so each epoch draws a
-new (seeded) order. Needs the ``lightning`` extra: ``pip install medload[lightning]``.
+new (seeded) order. With a trainer, the training loader's lineage record (:mod:`medload.lineage`: the series
+it draws, their digests, the split, sampler, seeds and augmentation) is written beside the checkpoints, as
+``medload_lineage.json`` in the ``ModelCheckpoint`` folder (``lineage_path``). Needs the ``lightning`` extra: ``pip install medload[lightning]``.
 
 Examples:
     >>> import lightning
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 from medload.config import FROM_CONFIG, FromConfig, LoaderConfig, choose
@@ -36,6 +39,7 @@ from medload.data.labelling import check_labels_choice
 from medload.data.splits import PatientSplit, split_patients
 from medload.errors import ConfigError
 from medload.extras import require
+from medload.lineage.record import save
 from medload.storage.selection import select_series
 from medload.storage.store import Store, open_store
 
@@ -80,7 +84,8 @@ class StoreDataModule(lightning.LightningDataModule):
             sampler's (``sampler=``, ``seed=``).
 
     After ``setup()``: ``split`` (a :class:`PatientSplit`), ``train_dataset`` and ``val_dataset`` (None
-    without validation).
+    without validation); once a trainer asked for the training loader, ``lineage_path``: where its lineage
+    record went (None without a trainer that saves checkpoints, and on ranks other than 0).
 
     Examples:
         >>> data = StoreDataModule("stores/ct", depth=32, stride=16, sampler="distributed", window="soft_tissue",
@@ -130,6 +135,7 @@ class StoreDataModule(lightning.LightningDataModule):
         self.split: PatientSplit | None = None
         self.train_dataset: SliceDataset | SlabDataset | None = None
         self.val_dataset: SliceDataset | SlabDataset | None = None
+        self.lineage_path: Path | None = None
 
     def setup(self, stage: str | None = None) -> None:
         """Open the store, split its patients and build the datasets (once; later calls keep them)."""
@@ -146,9 +152,11 @@ class StoreDataModule(lightning.LightningDataModule):
     def train_dataloader(self):
         """Training batches in the chosen sampler's order, new each epoch (Lightning calls ``set_epoch``)."""
         ds = self._built(self.train_dataset)
-        return make_loader(ds, self.batch_size, self.num_workers, self._device(), window=self.window,
-                           sampler=self._train_sampler(ds), augment=self._augment(), config=self.loader_config,
-                           **self.loader_options)
+        loader = make_loader(ds, self.batch_size, self.num_workers, self._device(), window=self.window,
+                             sampler=self._train_sampler(ds), augment=self._augment(), config=self.loader_config,
+                             **self.loader_options)
+        self._write_lineage(loader)
+        return loader
 
     def val_dataloader(self):
         """Validation batches in index order (no validation patients: an empty list, which Lightning skips)."""
@@ -164,6 +172,19 @@ class StoreDataModule(lightning.LightningDataModule):
                            shuffle=False, sampler=sampler, config=self.loader_config, **self.loader_options)
 
     # ---- helpers ----------------------------------------------------------------------------------
+    def _write_lineage(self, loader) -> None:
+        """The training loader's lineage record, with the split, into the checkpoint folder (rank 0 only)."""
+        trainer = self.trainer
+        checkpoints = None if trainer is None else getattr(trainer.checkpoint_callback, "dirpath", None)
+        if trainer is None or not trainer.is_global_zero or checkpoints is None:  # no checkpoints, no record
+            return
+        folder = Path(checkpoints)
+        folder.mkdir(parents=True, exist_ok=True)
+        split = cast(PatientSplit, self.split)
+        self.lineage_path = save(loader.lineage(split={"by": "patient", "val_fraction": self.val_fraction,
+                                                       "seed": self.seed, "val": sorted(split.val)}),
+                                 folder / "medload_lineage.json")
+
     def _dataset(self, keys) -> SliceDataset | SlabDataset:
         store = self.store
         if not isinstance(store, Store):

@@ -28,7 +28,8 @@ from medload.cli.app import cli, short
 def export_nnunet(store: Path, out: Path, dataset_id: int, name: str, query: str | None, label_map: Path | None,
                   folds: int, seed: int) -> None:
     """Write the labelled series of STORE as an nnU-Net v2 raw dataset in OUT (the nnUNet_raw folder):
-    imagesTr/, labelsTr/, dataset.json, splits_final.json (folds by patient) and medload_cases.json."""
+    imagesTr/, labelsTr/, dataset.json, splits_final.json (folds by patient), medload_cases.json and
+    medload_lineage.json (the lineage record: `medload lineage check`)."""
     from medload.export.nnunet import export_nnunet as export
 
     result = export(store, out, dataset_id=dataset_id, name=name, query=query, label_map=_read_label_map(label_map),
@@ -38,6 +39,7 @@ def export_nnunet(store: Path, out: Path, dataset_id: int, name: str, query: str
     click.echo(f"wrote {result.path}: {len(result.cases)} case(s) of {len(patients)} patient(s); labels "
                + ", ".join(f"{n}={i}" for n, i in result.labels.items())
                + "; cases per fold " + ", ".join(str(per_fold[f]) for f in range(folds)))
+    click.echo(f"lineage record {result.path / 'medload_lineage.json'} (digest {result.lineage[:12]})")
     for key, reason in result.left_out:
         click.echo(f"left out  series {short(key)}: {reason}")
     for note in result.notes:

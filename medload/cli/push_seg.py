@@ -45,10 +45,13 @@ def _segment(ctx, param, values: tuple[str, ...]) -> dict[int, str] | None:
 @click.option("--algorithm", default="medload", show_default=True, help="Name of the algorithm that made the mask.")
 @click.option("--algorithm-version", default=None, help="Its version (default: medload's).")
 @click.option("--series-description", default="medload segmentation", show_default=True)
+@click.option("--lineage", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="The lineage record of the model's training data (loader.lineage(), export-nnunet's "
+                   "medload_lineage.json): its digest goes into the SEG's Algorithm Parameters.")
 @click.pass_obj
 def push_seg(config: MedloadConfig, store: Path, key: str, mask: Path, url: str, segments: dict[int, str] | None,
              query: str, credentials: Path | None, ca_bundle: Path | None, calling_aet: str, key_file: KeyFile,
-             algorithm: str, algorithm_version: str | None, series_description: str) -> None:
+             algorithm: str, algorithm_version: str | None, series_description: str, lineage: Path | None) -> None:
     """Send MASK (NIfTI/NRRD on the grid of series KEY of STORE, as `medload export` writes it) to the PACS as a
     DICOM SEG that references the original series, found there by the pseudonym of its SeriesInstanceUID."""
     from medload.version import __version__
@@ -56,6 +59,7 @@ def push_seg(config: MedloadConfig, store: Path, key: str, mask: Path, url: str,
 
     result = push(store, key, mask, segments, to=url, credentials=credentials, ca_bundle=ca_bundle,
                   calling_aet=calling_aet, query=query, key_file=key_file, config=config.ingest,
-                  algorithm=(algorithm, algorithm_version or __version__), series_description=series_description)
+                  algorithm=(algorithm, algorithm_version or __version__), series_description=series_description,
+                  lineage=lineage)
     console.print(f"sent a SEG of series {short(result.key)} ({', '.join(result.segments)}; {result.frames} frame(s)) "
                   f"to study {short(result.study)}: SEG series {short(result.series)}")

@@ -34,7 +34,9 @@ from medload import windows as win
 from medload.data.index import SampleIndex, slab_index, slice_index
 from medload.data.labelling import ClassMap, class_tables, returns_labels, select_labelled
 from medload.data.layout import sample_affine
+from medload.data.lineage import dataset_lineage
 from medload.errors import ConfigError
+from medload.lineage.record import LineageRecord
 from medload.storage.records import SeriesRecord
 from medload.storage.selection import thick_enough
 from medload.storage.store import Store
@@ -48,9 +50,11 @@ class _StoreDataset(torch.utils.data.Dataset):
     spatial_dims: int  # of a sample: 2 (2.5D stacks) or 3 (slabs)
 
     def __init__(self, store: Store, records: list[SeriesRecord], index: SampleIndex, *, plane: str | None,
-                 labels: bool | str | None, classes: ClassMap | None = None) -> None:
+                 labels: bool | str | None, classes: ClassMap | None = None, filters: dict[str, Any]) -> None:
         label_records = [store.labels(r.key) for r in records]
         self.store = store
+        self.filters = filters  # the series filters asked for (for the lineage record)
+        self._classes = classes
         self.index = index
         self.plane = None if plane is None else win.get(plane).name
         self.labels = returns_labels(store, label_records, labels)
@@ -97,6 +101,19 @@ class _StoreDataset(torch.utils.data.Dataset):
     def _item_planes(self, i: int) -> list[np.ndarray]:
         """Sample ``i``'s planes as a list of (H, W) arrays."""
         raise NotImplementedError
+
+    def _options(self) -> dict[str, Any]:
+        """The arguments that shape the samples, as JSON values (for the lineage record)."""
+        raise NotImplementedError
+
+    def lineage(self, **inputs: Any) -> LineageRecord:
+        """The lineage record of this dataset (:mod:`medload.lineage`): the store, each series it draws with
+        its content digest (and its label map's, with labels), the arguments and filters; ``inputs`` add
+        further parts (``split=``, ...). ``medload.lineage.save(record, path)`` writes it."""
+        options = {"kind": type(self).__name__, **self._options(), "plane": self.plane, "labels": self.labels,
+                   "classes": self._classes}
+        return dataset_lineage(self.store, self.records, options, self.filters, labels=self.labels,
+                               samples=len(self), **inputs)
 
     # ---- labels and foreground ------------------------------------------------------------------
     def _slice_foreground(self, key: str) -> np.ndarray:
@@ -272,14 +289,18 @@ class SliceDataset(_StoreDataset):
                  orientation: str | Sequence[str] | None = None) -> None:
         if context < 0:
             raise ConfigError(f"context must be >= 0 neighbours, got {context}")
-        records, self.unlabelled = select_labelled(store, labels, dict(
-            modality=modality, kernel=kernel, thickness=thickness, keys=keys, orientation=orientation))
+        filters = dict(modality=modality, kernel=kernel, thickness=thickness, keys=keys, orientation=orientation)
+        records, self.unlabelled = select_labelled(store, labels, filters)
         self.context = context
-        super().__init__(store, records, slice_index(records), plane=plane, labels=labels, classes=classes)
+        super().__init__(store, records, slice_index(records), plane=plane, labels=labels, classes=classes,
+                         filters=filters)
 
     @property
     def channels(self) -> int:
         return 2 * self.context + 1
+
+    def _options(self) -> dict[str, Any]:
+        return {"context": self.context}
 
     @staticmethod
     def _sample_foreground(per_slice: np.ndarray, z: np.ndarray) -> np.ndarray:
@@ -338,12 +359,15 @@ class SlabDataset(_StoreDataset):
                  modality: str | Sequence[str] | None = None,
                  kernel: str | Sequence[str] | None = None, thickness: tuple[float, float] | None = None,
                  keys: Sequence[str] | None = None, orientation: str | Sequence[str] | None = None) -> None:
-        records, self.unlabelled = select_labelled(store, labels, dict(
-            modality=modality, kernel=kernel, thickness=thickness, keys=keys, orientation=orientation))
+        filters = dict(modality=modality, kernel=kernel, thickness=thickness, keys=keys, orientation=orientation)
+        records, self.unlabelled = select_labelled(store, labels, filters)
         records = thick_enough(records, depth)
-        self.depth = depth
-        super().__init__(store, records, slab_index(records, depth, stride or depth), plane=plane, labels=labels,
-                         classes=classes)
+        self.depth, self.stride = depth, stride or depth
+        super().__init__(store, records, slab_index(records, depth, self.stride), plane=plane, labels=labels,
+                         classes=classes, filters=filters)
+
+    def _options(self) -> dict[str, Any]:
+        return {"depth": self.depth, "stride": self.stride}
 
     def _sample_foreground(self, per_slice: np.ndarray, z: np.ndarray) -> np.ndarray:
         cumulative = np.concatenate([[0], np.cumsum(per_slice)])

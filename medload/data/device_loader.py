@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import cast
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -19,8 +20,12 @@ from medload import windows as win
 from medload.config import affinity_cores
 from medload.data.batch_meta import as_meta_batch, sample_keys
 from medload.data.buffers import PinnedStaging, Recycler
+from medload.data.lineage import describe
 from medload.data.loader_types import Augment, LoaderTuning, StageClock
 from medload.data.slots import _CACHED_BYTES, _Scale, _SlotBatchSampler, _SlotDataset, _views
+
+if TYPE_CHECKING:
+    from medload.lineage.record import LineageRecord
 
 __all__ = ["DeviceLoader"]
 
@@ -97,6 +102,16 @@ class DeviceLoader:
         """The loader itself: PyTorch Lightning's ``Trainer`` calls ``dataloader.sampler.set_epoch(epoch)``
         every epoch, which reaches :meth:`set_epoch` (sampler and augmentation) this way."""
         return self
+
+    def lineage(self, **inputs: Any) -> LineageRecord:
+        """The lineage record of this loader (:mod:`medload.lineage`): its dataset's, with the batch size, the
+        sampler (kind, seed...), window, dtype and augmentation; ``inputs`` add further parts (``split=``...)."""
+        batches = cast(_SlotBatchSampler, self.loader.batch_sampler).batches
+        settings = {"batch_size": batches.batch_size, "drop_last": batches.drop_last,
+                    "sampler": describe(batches.sampler), "num_workers": self.loader.num_workers,
+                    "window": None if self.window is None else asdict(self.window),
+                    "dtype": str(self.dtype).removeprefix("torch."), "augment": describe(self.augment), "meta": self.meta}
+        return self.dataset.lineage(loader=settings, **inputs)
 
     batch_sampler = None  # Lightning looks for one beside ``sampler``; the batching is the loader's own
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from medload.data.index import SampleIndex
+    from medload.lineage.record import LineageRecord
     from medload.storage.records import SeriesRecord
     from medload.storage.store import Store
 
@@ -104,6 +105,10 @@ class LoaderDataset(Protocol):
 
     def sample_meta(self, i: int) -> dict:
         """What sample ``i``'s MetaTensors carry besides the affine."""
+        ...
+
+    def lineage(self, **inputs: Any) -> LineageRecord:
+        """The dataset's lineage record (:mod:`medload.lineage`), ``inputs`` added to its inputs."""
         ...
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from medload.data.labelling import returns_labels, select_labelled
+from medload.data.lineage import dataset_lineage
 from medload.data.patch_geometry import (
     axcode_directions,
     native_directions,
@@ -43,6 +44,7 @@ from medload.data.patch_geometry import (
 from medload.data.resample import HU_PAD, sample_linear, sample_nearest
 from medload.data.samplers import _int, _rng
 from medload.errors import ConfigError, StoreError
+from medload.lineage.record import LineageRecord
 from medload.storage.records import LabelRecord, SeriesRecord
 from medload.storage.store import Store
 
@@ -129,8 +131,8 @@ class PatchDataset(torch.utils.data.Dataset):
             raise ConfigError(f"spacing must be positive (z, y, x) mm or None, got {tuple(spacing)}")
         if not 0.0 <= foreground <= 1.0:
             raise ConfigError(f"foreground must be a probability in [0, 1], got {foreground}")
-        records, self.unlabelled = select_labelled(store, labels, dict(modality=modality, kernel=kernel,
-                                                                        thickness=thickness, keys=keys))
+        self.filters = dict(modality=modality, kernel=kernel, thickness=thickness, keys=keys)
+        records, self.unlabelled = select_labelled(store, labels, self.filters)
         self.store = store
         self.patch = tuple(_int("patch size", n, low=1) for n in patch)
         self.spacing = None if spacing is None else tuple(float(s) for s in spacing)
@@ -155,6 +157,15 @@ class PatchDataset(torch.utils.data.Dataset):
     def records(self) -> tuple[SeriesRecord, ...]:
         """The series records, in the order :attr:`PatchDraw.series` numbers them."""
         return tuple(self._records)
+
+    def lineage(self, **inputs: Any) -> LineageRecord:
+        """The lineage record of this dataset (:mod:`medload.lineage`), as :meth:`SliceDataset.lineage`'s; the
+        label digests are recorded where patches are centred on labels (``foreground`` above 0) or return them."""
+        options = {"kind": "PatchDataset", "patch": list(self.patch), "spacing": self.spacing,
+                   "orientation": self.orientation, "foreground": self.foreground,
+                   "samples_per_epoch": self.samples_per_epoch, "seed": self.seed, "labels": self.labels}
+        return dataset_lineage(self.store, self.records, options, self.filters,
+                               labels=self.labels or self.foreground > 0, samples=len(self), **inputs)
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the next epoch's patches (``ds[i]`` depends on ``(seed, epoch, i)``)."""

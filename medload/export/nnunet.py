@@ -8,6 +8,7 @@ What is written follows nnU-Net v2's documentation ("dataset format", "manual da
         labelsTr/case_0000.nii.gz        its label map in the dataset's class ids, on the same grid
         splits_final.json       one {"train": [...], "val": [...]} per fold; a patient in one fold only
         medload_cases.json      case -> series key, patient and study pseudonyms, fold; series left out
+        medload_lineage.json    the lineage record of the cases' series and labels (:mod:`medload.lineage`)
 
 Images and labels are :func:`medload.storage.nifti.to_nifti`'s, so ``nibabel`` reads back the stored
 voxels (``data.transpose(2, 1, 0)``) and the series affine (as NIfTI keeps it, in float32).
@@ -39,6 +40,7 @@ import numpy as np
 from medload.errors import ConfigError
 from medload.export.classes import dataset_classes
 from medload.export.folds import nnunet_splits, patient_folds
+from medload.lineage.record import make_record, save
 from medload.storage.nifti import to_nifti
 from medload.storage.records import LabelRecord, SeriesRecord
 from medload.storage.store import Store, open_store
@@ -65,13 +67,15 @@ class NnunetCase:
 @dataclass(frozen=True)
 class NnunetExport:
     """What :func:`export_nnunet` wrote: the dataset folder, nnU-Net's labels, the cases, the series of
-    the selection that were left out (series key, reason) and notes on classes mapped to background."""
+    the selection that were left out (series key, reason), notes on classes mapped to background and the
+    digest of the lineage record written with it (``medload_lineage.json``)."""
 
     path: Path
     labels: dict[str, int]
     cases: tuple[NnunetCase, ...]
     left_out: tuple[tuple[str, str], ...]
     notes: tuple[str, ...]
+    lineage: str = ""
 
 
 def select_keys(store: Store, query: str | None) -> list[str]:
@@ -145,13 +149,18 @@ def export_nnunet(store: Store | str | os.PathLike, out: str | os.PathLike, *, d
             "query": query, "label_map": None if label_map is None else dict(label_map), "folds": folds,
             "seed": seed, "cases": [asdict(c) for c in cases],
             "left_out": [{"series": key, "reason": reason} for key, reason in left_out], "notes": notes})
+        record = make_record(store, chosen, labels=True, timed=False, export={
+            "kind": "nnU-Net v2", "dataset_id": dataset_id, "name": name, "query": query,
+            "label_map": None if label_map is None else dict(label_map),
+            "labels": labels, "folds": folds, "seed": seed})
+        save(record, partial / "medload_lineage.json")
         partial.rename(target)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     log.info("wrote %s: %d cases of %d patients in %d folds", target, len(cases), len({c.patient for c in cases}),
              folds)
-    return NnunetExport(target, labels, cases, tuple(left_out), tuple(notes))
+    return NnunetExport(target, labels, cases, tuple(left_out), tuple(notes), record.digest)
 
 
 def _exportable(records: list[SeriesRecord], store: Store

@@ -8,7 +8,10 @@ PACS by :mod:`medload.writeback.originals`, and references it (Source Image Sequ
 Sequence); the SEG joins that instance's study, patient and frame of reference. Frames without
 foreground are left out (highdicom's ``omit_empty_frames``). SegmentationType is BINARY, the algorithm
 type AUTOMATIC (a model's prediction), with the algorithm's name and version (Segment Description,
-PS3.3 C.8.20.2).
+PS3.3 C.8.20.2). Given the lineage record of the data the model learned from (:mod:`medload.lineage`),
+its digest goes into the algorithm's parameters, Algorithm Parameters (0066,0032) = ``lineage_sha256=<hex>``
+in each segment's Segmentation Algorithm Identification Sequence (0062,0007), so the SEG in the PACS
+names that data; ``medload lineage check`` then tells whether a store still holds it.
 
 highdicom warns about odd values of the source headers by quoting them (a patient's name, for one), and
 its INFO log names the source instances by SOPInstanceUID: its warnings are counted in the log, never
@@ -34,6 +37,7 @@ from medload.deid import KeyFile, Pseudonymizer
 from medload.errors import ConfigError
 from medload.labels.grid import LabelProblem, SeriesGrid
 from medload.labels.masks import mask_to_grid
+from medload.lineage.record import LineageRecord, load
 from medload.pacs.dicomweb import parse_query
 from medload.storage.records import SeriesRecord
 from medload.storage.store import Store, open_store
@@ -42,7 +46,10 @@ from medload.version import __version__
 from medload.writeback.originals import find_source_series
 from medload.writeback.pacs import PacsConnection, connect
 
-__all__ = ["Segment", "PushResult", "to_seg", "push_seg"]
+__all__ = ["Segment", "PushResult", "to_seg", "push_seg", "LINEAGE_PARAMETER"]
+
+#: the name of the lineage record's digest among the Algorithm Parameters (0066,0032) of a SEG's segments
+LINEAGE_PARAMETER = "lineage_sha256"
 
 log = logging.getLogger(__name__)
 logging.getLogger("highdicom").setLevel(logging.CRITICAL)
@@ -80,7 +87,8 @@ class PushResult:
 def to_seg(store: Store | str | Path, key: str, mask, labels: Mapping[int, str | Segment] | None = None, *,
            pacs: PacsConnection | str, query: str = "", key_file: str | Path | KeyFile | None = None,
            config: IngestConfig | None = None, algorithm: tuple[str, str] = ("medload", __version__),
-           series_description: str = "medload segmentation", series_number: int = 9901) -> hd.seg.Segmentation:
+           series_description: str = "medload segmentation", series_number: int = 9901,
+           lineage: LineageRecord | str | Path | None = None) -> hd.seg.Segmentation:
     """A DICOM SEG of ``mask`` on stored series ``key`` that references the original series in ``pacs``.
 
     Args:
@@ -93,6 +101,8 @@ def to_seg(store: Store | str | Path, key: str, mask, labels: Mapping[int, str |
         query: QIDO-RS / C-FIND matching keys narrowing the series search (``"StudyDate=2015"``).
         key_file: the store's pseudonymisation key (default as for ingest); config: the ingest's settings.
         algorithm: (name, version) of the algorithm that made the mask.
+        lineage: the lineage record (or its file) of the data the model was trained on: its digest goes
+            into the algorithm's parameters (:data:`LINEAGE_PARAMETER`).
 
     Raises:
         WritebackError: the originals are not in the PACS, or no longer form the stored grid.
@@ -103,6 +113,8 @@ def to_seg(store: Store | str | Path, key: str, mask, labels: Mapping[int, str |
         ...              pacs="dicomweb://pacs:8042/dicom-web")                         # doctest: +SKIP
         >>> seg.save_as("bone.seg.dcm")   # it holds the patient's identifiers: keep it where they may be  # doctest: +SKIP
     """
+    parameters = None if lineage is None else {
+        LINEAGE_PARAMETER: (lineage if isinstance(lineage, LineageRecord) else load(lineage)).digest}
     with _opened(store) as st:
         record = st.record(key)
         pseudo = _store_pseudonymizer(st, key_file)
@@ -116,7 +128,7 @@ def to_seg(store: Store | str | Path, key: str, mask, labels: Mapping[int, str |
     family = codes.DCM.ArtificialIntelligence
     descriptions = [hd.seg.SegmentDescription(
         number, s.label, s.category, s.property_type, hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC,
-        hd.AlgorithmIdentificationSequence(algorithm[0], family, algorithm[1])) for number, s in segments.items()]
+        hd.AlgorithmIdentificationSequence(algorithm[0], family, algorithm[1], parameters=parameters)) for number, s in segments.items()]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         seg = hd.seg.Segmentation(

@@ -13,7 +13,7 @@ PACKAGE = REPO / "medload"
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "version", "config", "deid", "owner_only", "windows", "devices", "extras", "progress",
                "allocator", "models", "synthetic"}),
-    frozenset({"storage", "cache"}),  # cache: the deprecated alias of storage.cache
+    frozenset({"storage", "cache", "lineage"}),  # cache: the deprecated alias of storage.cache
     frozenset({"labels", "export", "viz"}),
     frozenset({"ingest", "data"}),
     frozenset({"pacs", "lightning"}),

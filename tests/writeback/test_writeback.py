@@ -142,6 +142,39 @@ def test_c_store_to_dimse_and_push_seg_command(orthanc, tmp_path):
 
 
 @needs_orthanc
+def test_push_seg_with_a_lineage_record_names_it_in_the_seg(orthanc, tmp_path):
+    """``push-seg --lineage RECORD``: the SEG Orthanc holds carries the record's digest as Algorithm Parameters
+    (0066,0032) of each segment's algorithm, read back with pydicom."""
+    import io
+
+    import medload.lineage
+    from medload.data import SliceDataset
+    from medload.writeback.seg import LINEAGE_PARAMETER
+
+    store = tmp_path / "store"
+    ingest_dicomweb(orthanc.dicomweb_url, store, config=ONE_WORKER)
+    key, bone = _bone(store)
+    record = medload.lineage.save(SliceDataset(open_store(store), labels=False).lineage(), tmp_path / "lineage.json")
+    digest = medload.lineage.load(record).digest
+    rec = open_store(store).record(key)
+    mask = tmp_path / "bone.nii.gz"
+    nib.save(nib.Nifti1Image(bone.transpose(2, 1, 0), np.asarray(rec.affine)), mask)
+    proc = subprocess.run([*MEDLOAD, "push-seg", str(store), key[:8], str(mask), "--to", orthanc.dicomweb_url,
+                           "--segment", "1=bone", "--lineage", str(record)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    (seg_series,) = _segs_in_study(orthanc)
+    with _client(orthanc) as client:
+        (instance,) = client.search_instances(seg_series)
+        data = io.BytesIO()
+        client.retrieve_instance(seg_series, instance, data, 1 << 30)
+    seg = pydicom.dcmread(io.BytesIO(data.getvalue()))
+    (algorithm,) = seg.SegmentSequence[0].SegmentationAlgorithmIdentificationSequence
+    assert algorithm.AlgorithmParameters == f"{LINEAGE_PARAMETER}={digest}"
+    assert algorithm.AlgorithmName == "medload"
+
+
+@needs_orthanc
 def test_one_connection_searches_the_pacs_once(orthanc, tmp_path):
     """Two SEGs over one connection: one QIDO-RS series search (counted by a proxy), two retrievals."""
     store = tmp_path / "store"
