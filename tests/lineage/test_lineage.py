@@ -210,30 +210,27 @@ def test_no_raw_identifier_enters_a_record(built, tmp_path):
     assert [s for s in secrets if _pattern(s).search(data)] == []
 
 
-lightning = pytest.importorskip("lightning", reason="PyTorch Lightning is an optional extra (medload[lightning])")
-
-
-class _Tiny(lightning.LightningModule):
-    """One convolution: enough for Trainer.fit to take a step and save a checkpoint."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = torch.nn.Conv2d(3, 1, 3, padding=1)
-
-    def training_step(self, batch, batch_idx):
-        return self.net(batch["image"]).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
 def test_store_data_module_writes_the_record_beside_its_checkpoints(built, tmp_path):
+    lightning = pytest.importorskip("lightning", reason="PyTorch Lightning is an optional extra (medload[lightning])")
     from medload.lightning import StoreDataModule
+
+    class Tiny(lightning.LightningModule):
+        """One convolution: enough for Trainer.fit to take a step and save a checkpoint."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Conv2d(3, 1, 3, padding=1)
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch["image"]).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
 
     data = StoreDataModule(built / "store", batch_size=2, window="soft_tissue", augment=True, seed=3, classes=FG)
     trainer = lightning.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                                 max_steps=1, default_root_dir=tmp_path)
-    trainer.fit(_Tiny(), datamodule=data)
+    trainer.fit(Tiny(), datamodule=data)
     checkpoints = sorted((tmp_path / "checkpoints").iterdir())
     assert data.lineage_path == tmp_path / "checkpoints" / "medload_lineage.json" and len(checkpoints) == 2
     record = medload.lineage.load(data.lineage_path)
