@@ -17,6 +17,8 @@ kind                  what the stacks differ by                                 
 ``perfusion``         CT images: only AcquisitionTime per rotation (+1 ms per slice)               t_01, t_02...
 ``cardiac``           one Enhanced CT file: per-frame FrameContentSequence TemporalPositionIndex   t_01, t_02...
 ====================  =========================================================================  ==================
+
+and the kinds of :mod:`medload.synthetic.fourd` (vendor tags, InstanceNumber, ties on acquisition time).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pydicom.uid import EnhancedMRImageStorage, MRImageStorage
 
 from medload.errors import ConfigError
 from medload.synthetic.dataset import synthetic_uid
+from medload.synthetic.fourd import PRIVATE_KINDS, private_stack_attributes
 from medload.synthetic.series import make_series
 from medload.synthetic.spec import GeneratedSeries, SeriesSpec
 
@@ -42,7 +45,7 @@ _ENHANCED = {"b0map", "echo", "cardiac"}
 #: the third dimension of an Enhanced kind (after StackID and InStackPositionNumber): what tells its stacks apart
 _DIMENSION = {"b0map": ("FrameType", "MRImageFrameTypeSequence"), "echo": ("EffectiveEchoTime", "MREchoSequence"),
               "cardiac": ("TemporalPositionIndex", "FrameContentSequence")}
-SHARED_POSITION_KINDS = ("swi", "b0map", "echo", "dwi", "fmri", "perfusion", "cardiac")
+SHARED_POSITION_KINDS = ("swi", "b0map", "echo", "dwi", "fmri", "perfusion", "cardiac", *PRIVATE_KINDS)
 
 
 @dataclass
@@ -71,7 +74,7 @@ def _labels(kind: str, count: int) -> list[str]:
         return ["magnitude", "field_map"]
     if kind == "echo":
         return [f"echo_{k}" for k in range(1, count + 1)]
-    if kind == "dwi":
+    if kind in ("dwi", "ge_dwi", "siemens_dwi"):
         return ["b0"] + [f"b1000_dir{k:02d}" for k in range(1, count)]
     width = max(2, len(str(count)))
     return [f"t_{k:0{width}d}" for k in range(1, count + 1)]
@@ -98,6 +101,8 @@ def _classic(ds: Dataset, kind: str, s: int, k: int, n_slices: int) -> None:
         ds.AcquisitionTime = f"{100000 + 2 * s:06d}.{order * 100:06d}"
     elif kind == "perfusion":
         ds.AcquisitionTime = f"{100000 + s:06d}.{k * 1000:06d}"
+    elif kind in PRIVATE_KINDS:
+        private_stack_attributes(ds, kind, s)
     ds.InstanceNumber = s * n_slices + k + 1
 
 
