@@ -108,9 +108,13 @@ def _echo_labels(values: list[str]) -> dict[Hashable, str]:
 
 
 def _dimension_labels(values: list[tuple[tuple[str, str], ...]]) -> dict[Hashable, str]:
-    """``<dimension>_<index>`` of the dimensions whose index differs (a private one as its tag)."""
+    """``<dimension>_<index>`` of the dimensions whose index differs (a private one as ``dim_gggg_eeee``)."""
     differ = [i for i in range(len(values[0])) if len({v[i] for v in values}) > 1]
-    return {v: "_".join(f"{_slug(v[i][0])}_{_slug(v[i][1])}" for i in differ) for v in values}
+
+    def name(dimension: str) -> str:
+        return _slug(dimension) if dimension[:1].isalpha() else f"dim_{_slug(dimension)}"
+
+    return {v: "_".join(f"{name(v[i][0])}_{_slug(v[i][1])}" for i in differ) for v in values}
 
 
 _Parts = dict[Hashable, list[SliceHeader]]

@@ -82,7 +82,8 @@ def without_preamble_dicm_at_128(source: Path, out: Path) -> Path:
     values = ["ORIGINAL", "PRIMARY", "AXIAL"]
     while 8 + len("\\".join(values)) < 128 - 16:   # 8: tag and 4-byte length of implicit VR
         values.append("OTHER_FILL_TEXT")
-    values.append("X" * (128 - 8 - len("\\".join(values)) - 1))
+    head = "\\".join(values)
+    values.append("X" * (128 - 8 - len(head) - 2))  # two separators before "DICM"
     values.append("DICM")
     ds.ImageType = values
     body = _bare(ds)
