@@ -118,12 +118,18 @@ def _dimension_labels(values: list[tuple[tuple[str, str], ...]]) -> dict[Hashabl
 
 
 _Parts = dict[Hashable, list[SliceHeader]]
+
+
+def _values(parts: _Parts) -> list:
+    return list(parts)
+
+
 #: (what tells stacks apart, its value of a plane, the labels of its values), in the order tried
 _CATEGORICAL: tuple[tuple[Callable[[SliceHeader], Hashable], Callable[[_Parts], dict[Hashable, str]]], ...] = (
-    (_type_of, lambda parts: _type_labels(list(parts))),
-    (lambda h: h.echo_time, lambda parts: _echo_labels(list(parts))),
+    (_type_of, lambda parts: _type_labels(_values(parts))),
+    (lambda h: h.echo_time, lambda parts: _echo_labels(_values(parts))),
     (lambda h: h.diffusion, diffusion_labels),
-    (lambda h: h.dimensions, lambda parts: _dimension_labels(list(parts))),
+    (lambda h: h.dimensions, lambda parts: _dimension_labels(_values(parts))),
 )
 _DIFFUSION = 2
 

@@ -54,11 +54,15 @@ class TimePoints:
     flags: tuple[str, ...] = ()
 
 
+def _time_value(i: int) -> Callable[[SliceHeader], str]:
+    return lambda h: h.times[i] if h.times else ""
+
+
 def _orderers(first: SliceHeader) -> list[tuple[str, Callable[[SliceHeader], str], int]]:
     """(name, value of a plane, index in TIME_ATTRIBUTES or -1), in the order tried."""
     out: list[tuple[str, Callable[[SliceHeader], str], int]] = []
     for i, (per_frame, classic) in enumerate(TIME_ATTRIBUTES):
-        out.append((classic if first.frame is None else per_frame, lambda h, i=i: h.times[i] if h.times else "", i))
+        out.append((classic if first.frame is None else per_frame, _time_value(i), i))
     out.append(("RTIA timer (0021,105E)", lambda h: h.vendor_time, -1))
     out.append(("InstanceNumber", lambda h: "" if h.instance_number is None else str(h.instance_number), -1))
     return out

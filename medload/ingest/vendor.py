@@ -95,12 +95,13 @@ def _ge(ds: Dataset) -> VendorValues:
     b_texts = _texts(ds, _GE_B_VALUE)
     b_value = _number(b_texts[0]) if b_texts else None
     timer = _texts(ds, _GE_RTIA)
-    time = f"{_number(timer[0]):g}" if timer and _number(timer[0]) is not None else ""
+    seconds = _number(timer[0]) if timer else None
+    time = "" if seconds is None else f"{seconds:g}"
     if b_value is None:
         return VendorValues(time=time)
     gradient = [_number(t[0]) if (t := _texts(ds, where)) else None for where in _GE_GRADIENT]
-    vector = [float(v) for v in gradient] if all(v is not None for v in gradient) else None
-    return VendorValues(_format(b_value % 1e9, vector), "image", time)
+    vector = [v for v in gradient if v is not None]
+    return VendorValues(_format(b_value % 1e9, vector if len(vector) == 3 else None), "image", time)
 
 
 def _siemens(ds: Dataset) -> VendorValues:

@@ -77,8 +77,8 @@ def without_preamble_dicm_at_128(source: Path, out: Path) -> Path:
     dataset, as old exports write) whose bytes 128..132 happen to read "DICM": a value of ImageType
     (0008,0008), its first element, placed there."""
     ds = pydicom.dcmread(source)
-    for keyword in [k for k in ds.dir() if ds.data_element(k).tag < 0x00080008]:  # ImageType first
-        delattr(ds, keyword)
+    for tag in [e.tag for e in ds if e.tag < 0x00080008]:  # ImageType first
+        del ds[tag]
     values = ["ORIGINAL", "PRIMARY", "AXIAL"]
     while 8 + len("\\".join(values)) < 128 - 16:   # 8: tag and 4-byte length of implicit VR
         values.append("OTHER_FILL_TEXT")

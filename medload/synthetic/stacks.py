@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pydicom
 from pydicom.dataset import Dataset
-from pydicom.tag import Tag
+from pydicom.tag import BaseTag, Tag
 from pydicom.uid import EnhancedMRImageStorage, MRImageStorage
 
 from medload.errors import ConfigError
@@ -47,7 +47,7 @@ __all__ = ["SharedStacks", "make_shared_positions", "SHARED_POSITION_KINDS"]
 PCASL_DIMENSION = Tag(0x2005, 0x1011)
 _ENHANCED = {"b0map", "echo", "cardiac", "pcasl"}
 #: the third dimension of an Enhanced kind (after StackID and InStackPositionNumber): what tells its stacks apart
-_DIMENSION = {"b0map": ("FrameType", "MRImageFrameTypeSequence"), "echo": ("EffectiveEchoTime", "MREchoSequence"),
+_DIMENSION: dict[str, tuple[str | BaseTag, str | BaseTag]] = {"b0map": ("FrameType", "MRImageFrameTypeSequence"), "echo": ("EffectiveEchoTime", "MREchoSequence"),
               "cardiac": ("TemporalPositionIndex", "FrameContentSequence"),
               "pcasl": (PCASL_DIMENSION, Tag(0x2005, 0x140F))}
 SHARED_POSITION_KINDS = ("swi", "b0map", "echo", "dwi", "fmri", "perfusion", "cardiac", "pcasl", *PRIVATE_KINDS)
