@@ -12,13 +12,16 @@ the parts whose planes at one position still differ by it:
    else by those values themselves;
 2. **echo** -- EffectiveEchoTime (0018,9082) of MREchoSequence, else EchoTime (0018,0081): ``echo_<k>``,
    the k-th shortest;
-3. **diffusion** -- DiffusionBValue (0018,9087) and DiffusionGradientOrientation (0018,9089):
-   ``b<value>``, or ``b<value>_dir<k>`` where several directions share a b-value;
-4. **time** -- the first of :data:`~medload.ingest.planes.TIME_ATTRIBUTES` (temporal position, trigger
-   time, acquisition number, acquisition time) whose values differ between all planes at each
-   position, where every position holds the same number N of planes: time point t is the t-th by
-   that value at each position (so per-slice acquisition times of a 2-D sequence are no obstacle):
-   ``t_<tt>`` of N.
+3. **diffusion** -- DiffusionBValue (0018,9087) and DiffusionGradientOrientation (0018,9089), else a
+   vendor's private b-value and gradient (:mod:`medload.ingest.vendor`): ``b<value>``, or
+   ``b<value>_dir<k>`` where several directions share a b-value, k in acquisition order
+   (:mod:`medload.ingest.diffusion`);
+4. **dimension** -- DimensionIndexValues (0020,9157) of a dimension the DimensionIndexSequence names and
+   nothing above reads (a vendor's private one, e.g. Philips pCASL label/control):
+   ``<dimension>_<index>``;
+5. **time** -- the standard time attributes, else a vendor's timer, else InstanceNumber (flagged), as
+   :mod:`medload.ingest.timepoints` says; time point t is the t-th by that value at each position:
+   ``t_<tt>`` of N. An incomplete time point (a series stopped during it) is its own part, rejected.
 
 Planes still sharing a position after that are duplicates for :mod:`medload.ingest.geometry` and the
 decoder: kept once when identical, else "conflicting duplicates". A candidate without repeated
