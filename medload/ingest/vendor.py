@@ -8,13 +8,14 @@ against its private creator (PS3.5 7.8.1) so another vendor's element at the sam
   (``GEMS_ACQU_01``) the diffusion gradient (0019,10BB/10BC/10BD), in the scanner's image frame;
   (``GEMS_RELA_01``) the RTIA timer (0021,105E), seconds since the start of the acquisition.
 - Siemens (``SIEMENS MR HEADER``): B_value (0019,100C) and DiffusionGradientDirection (0019,100E),
-  in the patient frame (LPS), else the same two entries of the CSA image header (0029,1010), read with
-  nibabel's CSA reader.
+  in the patient frame (LPS), else -- for a diffusion image (ImageType (0008,0008) holds ``DIFFUSION``)
+  -- the same two entries of the CSA image header (0029,1010), read with nibabel's CSA reader.
 """
 
 from __future__ import annotations
 
 import struct
+import warnings
 from dataclasses import dataclass
 
 from pydicom.dataelem import RawDataElement
@@ -108,7 +109,7 @@ def _siemens(ds: Dataset) -> VendorValues:
     b_texts = _texts(ds, _SIEMENS_B_VALUE)
     if b_texts and (b_value := _number(b_texts[0])) is not None:
         return VendorValues(_format(b_value, _doubles(ds, _SIEMENS_GRADIENT, 3)), "patient")
-    return _csa(ds)
+    return _csa(ds) if "DIFFUSION" in tags.strings(ds, "ImageType") else VendorValues()
 
 
 def _csa(ds: Dataset) -> VendorValues:
@@ -117,8 +118,9 @@ def _csa(ds: Dataset) -> VendorValues:
     value = getattr(elem, "value", None)
     if not isinstance(value, bytes):
         return VendorValues()
-    from nibabel.nicom import csareader  # only for Siemens files without (0019,100C)
-
+    with warnings.catch_warnings():  # nibabel calls its DICOM readers experimental on import
+        warnings.simplefilter("ignore", UserWarning)
+        from nibabel.nicom import csareader  # only for Siemens diffusion images without (0019,100C)
     try:
         csa = csareader.read(value)
         b_value = csareader.get_b_value(csa)

@@ -9,6 +9,8 @@ kind                  what the stacks differ by                                 
 ``ge_dwi``            GE MR: b-value in (0043,1039) (b1000 with the 1e9 flag), gradient             b0, b1000_dir01...
                       (0019,10BB/BC/BD)
 ``siemens_dwi``       Siemens MR: B_value (0019,100C), gradient (0019,100E) acquired x, z, y       b0, b1000_dir01...
+``siemens_csa``       Siemens MR: B_value and DiffusionGradientDirection of the CSA image header       b0, b1000_dir01...
+                      (0029,1010) only, ImageType ``...\\DIFFUSION\\NONE``
 ``instance``          MR: InstanceNumber only                                                     t_01, t_02...
 ``tie``               MR: AcquisitionNumber 3, 1, 2..., equal AcquisitionTime; InstanceNumber      t_01, t_02...
                       in stack order (dcm2niix's order wins the tie)
@@ -17,6 +19,7 @@ kind                  what the stacks differ by                                 
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pydicom
@@ -24,9 +27,9 @@ from pydicom.dataset import Dataset
 from pydicom.filebase import DicomBytesIO
 from pydicom.filewriter import write_dataset
 
-__all__ = ["PRIVATE_KINDS", "private_stack_attributes", "interrupt_time_series", "without_preamble_dicm_at_128"]
+__all__ = ["PRIVATE_KINDS", "csa_header", "private_stack_attributes", "interrupt_time_series", "without_preamble_dicm_at_128"]
 
-PRIVATE_KINDS = ("ge_fmri", "ge_dwi", "siemens_dwi", "instance", "tie")
+PRIVATE_KINDS = ("ge_fmri", "ge_dwi", "siemens_dwi", "siemens_csa", "instance", "tie")
 #: directions of the b1000 stacks, in acquisition order: not their sorted order
 SIEMENS_DIRECTIONS = ((1.0, 0.0, 0.0), (0.0, 0.0, 1.0), (0.0, 1.0, 0.0))
 
@@ -50,8 +53,30 @@ def private_stack_attributes(ds: Dataset, kind: str, s: int) -> None:
         block.add_new(0x0C, "IS", 0 if s == 0 else 1000)
         if s:
             block.add_new(0x0E, "FD", list(SIEMENS_DIRECTIONS[(s - 1) % 3]))
+    elif kind == "siemens_csa":
+        ds.Manufacturer = "SIEMENS"
+        ds.ImageType = ["ORIGINAL", "PRIMARY", "DIFFUSION", "NONE"]
+        elements = [("B_value", "IS", [str(0 if s == 0 else 1000)])]
+        if s:
+            elements.append(("DiffusionGradientDirection", "FD",
+                             [f"{v:.8f}" for v in SIEMENS_DIRECTIONS[(s - 1) % 3]]))
+        ds.private_block(0x0029, "SIEMENS CSA HEADER", create=True).add_new(0x10, "OB", csa_header(elements))
     elif kind == "tie":
         ds.AcquisitionNumber = (s - 1) % 3 + 1 if s else 3
+
+
+def csa_header(elements: list[tuple[str, str, list[str]]]) -> bytes:
+    """A Siemens CSA2 header ("SV10") holding ``(name, VR, values as text)`` elements, in the layout
+    nibabel's and dcm2niix's readers parse: per element a 64-byte name, VM, VR, SyngoDT, item count; per
+    item four int32 (the second its length) and its NUL-terminated text padded to 4 bytes."""
+    out = [b"SV10", b"\x04\x03\x02\x01", struct.pack("<2I", len(elements), 77)]
+    for name, vr, values in elements:
+        out.append(struct.pack("<64si4s3i", name.encode(), len(values), vr.encode(), 0, len(values), 77))
+        for value in values:
+            data = value.encode() + b"\0"
+            out.append(struct.pack("<4i", len(data), len(data), 77, len(data)))
+            out.append(data + b"\0" * (-len(data) % 4))
+    return b"".join(out)
 
 
 def interrupt_time_series(paths: list[Path], n_slices: int, kept: int) -> list[Path]:

@@ -81,7 +81,7 @@ def _labels(kind: str, count: int) -> list[str]:
         return [f"echo_{k}" for k in range(1, count + 1)]
     if kind == "pcasl":
         return ["dim_2005_1011_1", "dim_2005_1011_2"]
-    if kind in ("dwi", "ge_dwi", "siemens_dwi"):
+    if kind in ("dwi", "ge_dwi", "siemens_dwi", "siemens_csa"):
         return ["b0"] + [f"b1000_dir{k:02d}" for k in range(1, count)]
     width = max(2, len(str(count)))
     return [f"t_{k:0{width}d}" for k in range(1, count + 1)]

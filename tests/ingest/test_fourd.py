@@ -26,7 +26,7 @@ try:  # the PyPI build of dcm2niix (the dev extra), beside Debian's
 except ImportError:
     DCM2NIIX_RECENT = "dcm2niix"
 
-ORDERED = ("dwi", "siemens_dwi", "ge_dwi", "ge_fmri", "instance", "tie", "fmri")
+ORDERED = ("dwi", "siemens_dwi", "siemens_csa", "ge_dwi", "ge_fmri", "instance", "tie", "fmri")
 
 
 def _dcm2niix(src, out, binary: str = "dcm2niix") -> list:
@@ -94,7 +94,7 @@ def test_the_tie_rule_follows_instance_number_not_acquisition_number(tmp_path, r
 
 
 @pytest.mark.dcm2niix
-@pytest.mark.parametrize("kind", ["dwi", "siemens_dwi"])
+@pytest.mark.parametrize("kind", ["dwi", "siemens_dwi", "siemens_csa"])
 def test_bval_and_bvec_match_dcm2niix(tmp_path, run_ingest, kind):
     """The record keeps b-value and gradient; the exported .bval/.bvec give dcm2niix's b-values and, in
     world coordinates, its gradients, volume by volume."""
@@ -111,7 +111,7 @@ def test_bval_and_bvec_match_dcm2niix(tmp_path, run_ingest, kind):
         bvec = np.loadtxt(out.with_suffix(".bvec")).reshape(3, 1)
         assert bval == rec.b_value == their_bval[t]
         np.testing.assert_allclose(_world(bvec, nib.load(out).affine)[0], their_world[t], atol=1e-5)
-    if kind == "siemens_dwi":  # directions numbered as acquired (x, z, y), not as sorted
+    if kind != "dwi":  # directions numbered as acquired (x, z, y), not as sorted
         for k, direction in enumerate(SIEMENS_DIRECTIONS, 1):
             assert records[f"b1000_dir{k:02d}"].gradient == direction
 
