@@ -88,9 +88,18 @@ def plane_fields(ds: Dataset) -> dict:
         intercept=0.0 if intercept is None else intercept,
         has_rescale=slope is not None or intercept is not None,
         stack=tags.text(ds, "StackID") or "",
-        instance_number=tags.integer(ds, "InstanceNumber", default=None),
+        instance_number=_instance_number(ds),
         **stack_fields(ds),
     )
+
+
+def _instance_number(ds: Dataset) -> int | None:
+    """InstanceNumber (0020,0013), only a last resort to order time points: malformed is absent, not a reason
+    to refuse the image."""
+    try:
+        return tags.integer(ds, "InstanceNumber", default=None)
+    except InputProblem:
+        return None
 
 
 def _clock_seconds(ds: Dataset, keyword: str) -> str:
@@ -167,7 +176,10 @@ def _dimensions(ds: Dataset) -> tuple[tuple[str, str], ...]:
     DimensionIndexPointer (0020,9165) of the DimensionIndexSequence (0020,9222), is not read from its own
     attribute (:data:`_KNOWN_DIMENSIONS`): e.g. a vendor's private dimension. The dimension is its
     keyword, else its tag as ``gggg,eeee``."""
-    values = tags.strings(ds, "DimensionIndexValues")
+    try:
+        values = tags.strings(ds, "DimensionIndexValues")
+    except InputProblem:  # malformed: no dimension to split by, not a reason to refuse the image
+        return ()
     pointers = ds.get("DimensionIndexSequence") or []
     if not values or len(values) != len(pointers):
         return ()
