@@ -181,3 +181,17 @@ def test_a_file_without_preamble_that_holds_dicm_at_byte_128(tmp_path, run_inges
     with pytest.raises(InputProblem, match="no DICOM preamble") as caught:
         read_headers(ref, Pseudonymizer(b"k" * 32), IngestConfig())
     assert "truncated" not in caught.value.reason
+
+
+@pytest.mark.dcm2niix
+def test_the_bare_dataset_with_dicm_at_128_is_the_volume_dcm2niix_makes(tmp_path, run_ingest):
+    gen = make_series(tmp_path / "one", SeriesSpec(n_slices=1, rows=16, cols=16), seed=20)
+    (tmp_path / "src").mkdir()
+    without_preamble_dicm_at_128(gen.paths[0], tmp_path / "src" / "bare.dcm")
+    _, store = run_ingest(tmp_path / "src")
+    (rec,) = store.series()
+    (ours,), affine = _volumes(export_nifti(store, rec.key, tmp_path / "ours.nii"))
+    (path,) = _dcm2niix(tmp_path / "src", tmp_path / "ref")
+    (theirs,), their_affine = _volumes(path)
+    assert np.array_equal(ours, theirs)
+    np.testing.assert_allclose(affine[:3, :3], their_affine[:3, :3], atol=1e-4)
