@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import struct
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pydicom.dataelem import RawDataElement
+from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset
 
 from medload.ingest import tags
@@ -43,7 +44,7 @@ class VendorValues:
     time: str = ""
 
 
-def _element(ds: Dataset, group: int, offset: int, creator: str) -> RawDataElement | object | None:
+def _element(ds: Dataset, group: int, offset: int, creator: str) -> RawDataElement | DataElement | None:
     """The private element ``(group, xx<offset>)`` of the block reserved by ``creator``, or None. Only
     blocks 0x10-0x2F are looked at: scanners reserve the first few."""
     for block in range(0x10, 0x30):
@@ -64,7 +65,7 @@ def _texts(ds: Dataset, where: tuple[int, int, str]) -> list[str]:
         value = value.decode("latin-1")
     if value is None:
         return []
-    if isinstance(value, (list, tuple)):
+    if not isinstance(value, str) and isinstance(value, Iterable):  # a converted multi-valued element
         return [str(v).strip() for v in value]
     return [v.strip("\x00 ") for v in str(value).split("\\")]
 
@@ -75,8 +76,8 @@ def _doubles(ds: Dataset, where: tuple[int, int, str], n: int) -> list[float] | 
     value = getattr(elem, "value", None)
     if isinstance(value, bytes) and len(value) == 8 * n:
         return list(struct.unpack(f"<{n}d", value))
-    if isinstance(value, (list, tuple)) and len(value) == n:
-        return [float(v) for v in value]
+    if not isinstance(value, (str, bytes)) and isinstance(value, Iterable) and len(values := list(value)) == n:
+        return [float(v) for v in values]
     return None
 
 
