@@ -31,6 +31,13 @@ Identifier/Index, TriggerTime, AcquisitionNumber,     values; AcquisitionDate/Ti
 AcquisitionDate, AcquisitionTime,                     AcquisitionDateTime and
 AcquisitionDateTime, FrameAcquisitionDateTime         FrameAcquisitionDateTime are read in memory
                                                       only, to order time points, and not kept
+InstanceNumber, DimensionIndexValues with             read in memory only, to order and split
+DimensionIndexSequence; GE RTIA timer (0021,105E)     stacks at the same positions
+                                                      (:mod:`medload.ingest.timepoints`), not kept
+DiffusionBValue, DiffusionGradientOrientation;        kept for diffusion stacks (``b_value``,
+GE (0043,1039), (0019,10BB/BC/BD); Siemens            ``gradient``, ``gradient_image``): acquisition
+(0019,100C/100E), CSA B_value and                     parameters, not identifying
+DiffusionGradientDirection
 file and folder names of label inputs (``--labels``   path relative to the folder it was found in,
 masks named after a SeriesInstanceUID, SEG/RTSTRUCT   every UID in it (digits and dots, four parts
 files, mapping files' rows)                           or more) replaced by ``uid-`` and its keyed
@@ -43,7 +50,7 @@ Institution*,
 ReferringPhysician/Operators/PerformingPhysician
 Name, StationName, DeviceSerialNumber,
 SeriesDescription/StudyDescription (free text),
-private tags
+every other private tag
 ====================================================  =============================================
 
 No date is stored, so no date shifting is needed. Quarantine records of images keep the *path* of the

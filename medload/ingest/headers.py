@@ -18,8 +18,9 @@ from typing import BinaryIO, cast
 
 import pydicom
 from pydicom.dataelem import RawDataElement
-from pydicom.dataset import Dataset
+from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.errors import InvalidDicomError
+from pydicom.filereader import read_dataset
 from pydicom.uid import (
     UID,
     DeflatedExplicitVRLittleEndian,
@@ -107,6 +108,10 @@ class SliceHeader:
     diffusion: str = ""               # "b-value|gradient direction" ("" when neither is present)
     times: tuple[str, ...] = ()       # values of planes.TIME_ATTRIBUTES ("" absent; clock times as seconds from 0001-01-01, or of the day)
     modality_lut: tuple[int, bytes] | None = None  # Modality LUT Sequence: (first mapped value, uint16 entries)
+    instance_number: int | None = None  # InstanceNumber (0020,0013): the last resort to order time points
+    gradient_frame: str = ""          # frame of the direction in ``diffusion``: "patient" (LPS) or "image"
+    vendor_time: str = ""             # a vendor's private timer (medload.ingest.vendor), seconds
+    dimensions: tuple[tuple[str, str], ...] = ()  # (dimension, index) of DimensionIndexValues not read otherwise
 
     @property
     def frame_bytes(self) -> int:
@@ -198,21 +203,54 @@ def _parse(fp: BinaryIO) -> Dataset:
     except InvalidDicomError:
         ds = _parse_without_preamble(fp)
     except Exception as exc:  # pydicom raises many types on damaged headers
+        if _starts_with_dataset(fp):
+            return _parse_without_preamble(fp, dicm_inside=True)
         raise InputProblem("header", f"unreadable DICOM header: {type(exc).__name__}: {exc}") from None
-    _check_complete(ds)
+    try:
+        _check_complete(ds)
+    except InputProblem:
+        if _starts_with_dataset(fp):
+            return _parse_without_preamble(fp, dicm_inside=True)
+        raise
     return ds
 
 
-def _parse_without_preamble(fp: BinaryIO) -> Dataset:
-    """Some old exports lack the "DICM" preamble: accept such a file only if it parses as an image."""
+def _starts_with_dataset(fp: BinaryIO) -> bool:
+    """Whether the file starts with an element of group 0002 or 0008 (little endian) where a preamble would
+    be: a dataset without preamble whose bytes 128..132 happen to read "DICM" (PS3.10 7.1)."""
+    fp.seek(0)
+    head = fp.read(4)
+    return len(head) == 4 and int.from_bytes(head[:2], "little") in (0x0002, 0x0008) and head[2:] != b"\0\0"
+
+
+def _parse_without_preamble(fp: BinaryIO, *, dicm_inside: bool = False) -> Dataset:
+    """Some old exports lack the "DICM" preamble: accept such a file only if it parses as an image.
+    ``dicm_inside``: the file has "DICM" at byte 128, but as part of a dataset that starts at byte 0."""
     fp.seek(0)
     try:
-        ds = pydicom.dcmread(fp, stop_before_pixels=True, force=True)
+        ds = _read_bare_dataset(fp) if dicm_inside else pydicom.dcmread(fp, stop_before_pixels=True, force=True)
         if "SOPClassUID" not in ds or "Rows" not in ds:
             raise ValueError
         str(ds.SOPClassUID)
+        _check_complete(ds)
     except Exception:
+        if dicm_inside:
+            raise InputProblem("header", 'no DICOM preamble: the file starts with a dataset and its "DICM" at byte '
+                                         "128 is part of that data, not the Part 10 marker; that dataset cannot be "
+                                         "parsed as an image") from None
         raise InputProblem("header", "not a DICOM file (no DICM preamble and no parsable image header)") from None
+    return ds
+
+
+def _read_bare_dataset(fp: BinaryIO) -> Dataset:
+    """The dataset from byte 0 up to Pixel Data, read without looking for a preamble (pydicom would take
+    the "DICM" at 128 for one); explicit VR when the first element carries a VR of two capitals."""
+    head = fp.read(6)
+    fp.seek(0)
+    implicit = not (len(head) == 6 and head[4:6].isalpha() and head[4:6].isupper())
+    ds = read_dataset(fp, implicit, True, stop_when=lambda tag, vr, length: tag >= 0x7FE00010)
+    ds.file_meta = FileMetaDataset()
+    ds.set_original_encoding(implicit, True)
     return ds
 
 

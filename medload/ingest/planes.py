@@ -18,10 +18,13 @@ from __future__ import annotations
 import re
 from datetime import date
 
+from pydicom.datadict import keyword_for_tag
 from pydicom.dataset import Dataset
+from pydicom.tag import Tag
 
 from medload.errors import InputProblem
 from medload.ingest import tags
+from medload.ingest.vendor import vendor_values
 
 __all__ = ["plane_fields", "frame_plane_fields", "has_functional_groups", "stack_fields", "TIME_ATTRIBUTES"]
 
@@ -55,7 +58,16 @@ _MACROS: dict[str, tuple[tuple[str, ...], ...]] = {
     "FrameAcquisitionNumber": _CONTENT,
     "FrameAcquisitionDateTime": _CONTENT,
     "NominalCardiacTriggerDelayTime": (("CardiacSynchronizationSequence",),),
+    "DimensionIndexValues": _CONTENT,
+    "DimensionIndexSequence": (),   # top level only: what each DimensionIndexValues value indexes
+    "InstanceNumber": (),
 }
+#: dimensions that :mod:`medload.ingest.splits` reads from their own attributes (or that are positions)
+_KNOWN_DIMENSIONS = frozenset({
+    "StackID", "InStackPositionNumber", "ImagePositionPatient", "TemporalPositionIndex", "FrameType",
+    "ComplexImageComponent", "EffectiveEchoTime", "DiffusionBValue", "DiffusionGradientOrientation",
+    "NominalCardiacTriggerDelayTime", "FrameAcquisitionNumber", "FrameAcquisitionDateTime", "TriggerTime",
+})
 
 
 def has_functional_groups(ds: Dataset) -> bool:
@@ -76,8 +88,18 @@ def plane_fields(ds: Dataset) -> dict:
         intercept=0.0 if intercept is None else intercept,
         has_rescale=slope is not None or intercept is not None,
         stack=tags.text(ds, "StackID") or "",
+        instance_number=_instance_number(ds),
         **stack_fields(ds),
     )
+
+
+def _instance_number(ds: Dataset) -> int | None:
+    """InstanceNumber (0020,0013), only a last resort to order time points: malformed is absent, not a reason
+    to refuse the image."""
+    try:
+        return tags.integer(ds, "InstanceNumber", default=None)
+    except InputProblem:
+        return None
 
 
 def _clock_seconds(ds: Dataset, keyword: str) -> str:
@@ -136,12 +158,38 @@ def stack_fields(ds: Dataset) -> dict:
         times.append(_clock_seconds(ds, keyword) if keyword in _CLOCKS else tags.text(ds, keyword) or "")
     b_value = tags.text(ds, "DiffusionBValue") or ""
     direction = tags.text(ds, "DiffusionGradientOrientation") or ""
+    vendor = vendor_values(ds)
+    standard = b_value or direction
     return dict(
         frame_type=tags.strings(ds, "FrameType") + tags.strings(ds, "ComplexImageComponent"),
         echo_time=tags.text(ds, "EffectiveEchoTime") or tags.text(ds, "EchoTime") or "",
-        diffusion=f"{b_value}|{direction}" if b_value or direction else "",
+        diffusion=f"{b_value}|{direction}" if standard else vendor.diffusion,
+        gradient_frame="patient" if standard else vendor.gradient_frame,
         times=tuple(times),
+        vendor_time=vendor.time,
+        dimensions=_dimensions(ds),
     )
+
+
+def _dimensions(ds: Dataset) -> tuple[tuple[str, str], ...]:
+    """(dimension, index) of each DimensionIndexValues (0020,9157) value whose dimension, named by
+    DimensionIndexPointer (0020,9165) of the DimensionIndexSequence (0020,9222), is not read from its own
+    attribute (:data:`_KNOWN_DIMENSIONS`): e.g. a vendor's private dimension. The dimension is its
+    keyword, else its tag as ``gggg,eeee``."""
+    try:
+        values = tags.strings(ds, "DimensionIndexValues")
+    except InputProblem:  # malformed: no dimension to split by, not a reason to refuse the image
+        return ()
+    pointers = ds.get("DimensionIndexSequence") or []
+    if not values or len(values) != len(pointers):
+        return ()
+    out = []
+    for value, item in zip(values, pointers):
+        tag = Tag(item.get("DimensionIndexPointer", 0) or 0)
+        name = keyword_for_tag(tag) or f"{tag.group:04X},{tag.element:04X}"
+        if name not in _KNOWN_DIMENSIONS:
+            out.append((name, value))
+    return tuple(out)
 
 
 def _item(group: Dataset | None, path: tuple[str, ...]) -> Dataset | None:

@@ -10,7 +10,8 @@ cannot share one voxel grid or are not volume data:
 - complete stacks at the same positions (magnitude/phase, echo times, diffusion, time points), told
   apart by their headers (:mod:`medload.ingest.splits`): each gets a flag naming its split
   (``phase``, ``echo_2``, ``t_07``), and the time points of one time series share ``time_series``
-  (or, under the ``time_series="reject"`` policy, the whole candidate is rejected).
+  (or, under the ``time_series="reject"`` policy, the whole candidate is rejected); an incomplete time
+  point is rejected on its own (:mod:`medload.ingest.timepoints`).
 
 Every split part gets its own 16-byte key from the series pseudonym and a descriptor of the split
 values, so keys do not depend on file names, file order or which other parts are present. A part
@@ -50,6 +51,7 @@ class SeriesCandidate:
     split: str = ""
     time_series: str = ""
     time_point: int = 0
+    diffusion: str = ""   # "b-value|direction" of a stack split by diffusion (medload.ingest.diffusion)
 
     @property
     def first(self) -> SliceHeader:
@@ -129,8 +131,10 @@ def _stack_candidates(series: str, descriptor: str, part: list[SliceHeader], tim
 def _split_candidate(series: str, descriptor: str, key: bytes, stack: StackSplit) -> SeriesCandidate:
     split = "/".join(stack.labels)
     sub = f"{descriptor}|split:{split}"
-    return SeriesCandidate(series_key(series, sub), sub, stack.headers, flags=list(stack.labels), split=split,
-                           time_series=key.hex() if stack.time_point else "", time_point=stack.time_point)
+    return SeriesCandidate(series_key(series, sub), sub, stack.headers, flags=list(stack.labels + stack.flags),
+                           reject_reason=stack.reject_reason or None, split=split,
+                           time_series=key.hex() if stack.time_point else "", time_point=stack.time_point,
+                           diffusion=stack.diffusion)
 
 
 def group_series(headers: Iterable[SliceHeader], *, time_series: str = "split",

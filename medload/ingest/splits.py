@@ -12,13 +12,16 @@ the parts whose planes at one position still differ by it:
    else by those values themselves;
 2. **echo** -- EffectiveEchoTime (0018,9082) of MREchoSequence, else EchoTime (0018,0081): ``echo_<k>``,
    the k-th shortest;
-3. **diffusion** -- DiffusionBValue (0018,9087) and DiffusionGradientOrientation (0018,9089):
-   ``b<value>``, or ``b<value>_dir<k>`` where several directions share a b-value;
-4. **time** -- the first of :data:`~medload.ingest.planes.TIME_ATTRIBUTES` (temporal position, trigger
-   time, acquisition number, acquisition time) whose values differ between all planes at each
-   position, where every position holds the same number N of planes: time point t is the t-th by
-   that value at each position (so per-slice acquisition times of a 2-D sequence are no obstacle):
-   ``t_<tt>`` of N.
+3. **diffusion** -- DiffusionBValue (0018,9087) and DiffusionGradientOrientation (0018,9089), else a
+   vendor's private b-value and gradient (:mod:`medload.ingest.vendor`): ``b<value>``, or
+   ``b<value>_dir<k>`` where several directions share a b-value, k in acquisition order
+   (:mod:`medload.ingest.diffusion`);
+4. **dimension** -- DimensionIndexValues (0020,9157) of a dimension the DimensionIndexSequence names and
+   nothing above reads (a vendor's private one, e.g. Philips pCASL label/control):
+   ``<dimension>_<index>``;
+5. **time** -- the standard time attributes, else a vendor's timer, else InstanceNumber (flagged), as
+   :mod:`medload.ingest.timepoints` says; time point t is the t-th by that value at each position:
+   ``t_<tt>`` of N. An incomplete time point (a series stopped during it) is its own part, rejected.
 
 Planes still sharing a position after that are duplicates for :mod:`medload.ingest.geometry` and the
 decoder: kept once when identical, else "conflicting duplicates". A candidate without repeated
@@ -31,12 +34,12 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 
 import numpy as np
 
+from medload.ingest.diffusion import diffusion_labels
 from medload.ingest.headers import SliceHeader
-from medload.ingest.planes import TIME_ATTRIBUTES
+from medload.ingest.timepoints import sort_number, time_points
 
 __all__ = ["StackSplit", "split_stacks"]
 
@@ -48,13 +51,17 @@ _TYPE_WORDS = {"M": "magnitude", "MAGNITUDE": "magnitude", "P": "phase", "PHASE"
 @dataclass
 class StackSplit:
     """One stack of a candidate: the labels naming its split (empty when the candidate is not split)
-    and, for a time point, its 1-based index among ``time_points`` (found by ``time_attribute``)."""
+    and, for a time point, its 1-based index among ``time_points`` (found by ``time_attribute``); more
+    ``flags`` for its record, and why it is rejected (an incomplete time point)."""
 
     labels: tuple[str, ...]
     headers: list[SliceHeader]
     time_point: int = 0
     time_points: int = 0
     time_attribute: str = ""
+    flags: tuple[str, ...] = ()
+    reject_reason: str = ""
+    diffusion: str = ""    # the "b-value|direction" of a stack split by diffusion
 
 
 def _position_groups(headers: list[SliceHeader], tolerance: float) -> list[list[SliceHeader]]:
@@ -71,14 +78,6 @@ def _position_groups(headers: list[SliceHeader], tolerance: float) -> list[list[
             groups.append([headers[i]])
             start = depths[i]
     return groups
-
-
-def _number(text: str) -> tuple:
-    """Sort key of a header value: numbers by value, then anything else as text."""
-    try:
-        return (0, Decimal(text), "")
-    except InvalidOperation:
-        return (1, Decimal(0), text)
 
 
 def _slug(text: str) -> str:
@@ -108,34 +107,34 @@ def _type_labels(values: list[tuple[str, ...]]) -> dict[Hashable, str]:
 
 
 def _echo_labels(values: list[str]) -> dict[Hashable, str]:
-    return {v: f"echo_{k}" for k, v in enumerate(sorted(values, key=_number), 1)}
+    return {v: f"echo_{k}" for k, v in enumerate(sorted(values, key=sort_number), 1)}
 
 
-def _b_text(b: str) -> str:
-    try:
-        return f"b{Decimal(b).normalize():f}"
-    except InvalidOperation:
-        return f"b{_slug(b)}" if b else "dwi"
+def _dimension_labels(values: list[tuple[tuple[str, str], ...]]) -> dict[Hashable, str]:
+    """``<dimension>_<index>`` of the dimensions whose index differs (a private one as ``dim_gggg_eeee``)."""
+    differ = [i for i in range(len(values[0])) if len({v[i] for v in values}) > 1]
+
+    def name(dimension: str) -> str:
+        return _slug(dimension) if dimension[:1].isalpha() else f"dim_{_slug(dimension)}"
+
+    return {v: "_".join(f"{name(v[i][0])}_{_slug(v[i][1])}" for i in differ) for v in values}
 
 
-def _diffusion_labels(values: list[str]) -> dict[Hashable, str]:
-    pairs = {v: v.partition("|")[::2] for v in values}
-    directions: dict[str, list[str]] = defaultdict(list)
-    for b, d in pairs.values():
-        directions[b].append(d)
-    out: dict[Hashable, str] = {}
-    for v, (b, d) in pairs.items():
-        ranked = sorted(directions[b], key=lambda text: [_number(x) for x in text.split("\\")])
-        out[v] = _b_text(b) + (f"_dir{ranked.index(d) + 1:02d}" if len(ranked) > 1 else "")
-    return out
+_Parts = dict[Hashable, list[SliceHeader]]
+
+
+def _values(parts: _Parts) -> list:
+    return list(parts)
 
 
 #: (what tells stacks apart, its value of a plane, the labels of its values), in the order tried
-_CATEGORICAL: tuple[tuple[Callable[[SliceHeader], Hashable], Callable[[list], dict[Hashable, str]]], ...] = (
-    (_type_of, _type_labels),
-    (lambda h: h.echo_time, _echo_labels),
-    (lambda h: h.diffusion, _diffusion_labels),
+_CATEGORICAL: tuple[tuple[Callable[[SliceHeader], Hashable], Callable[[_Parts], dict[Hashable, str]]], ...] = (
+    (_type_of, lambda parts: _type_labels(_values(parts))),
+    (lambda h: h.echo_time, lambda parts: _echo_labels(_values(parts))),
+    (lambda h: h.diffusion, diffusion_labels),
+    (lambda h: h.dimensions, lambda parts: _dimension_labels(_values(parts))),
 )
+_DIFFUSION = 2
 
 
 def _split_by(headers: list[SliceHeader], value_of: Callable[[SliceHeader], Hashable],
@@ -149,49 +148,35 @@ def _split_by(headers: list[SliceHeader], value_of: Callable[[SliceHeader], Hash
     return parts
 
 
-def _time_points(headers: list[SliceHeader], tolerance: float) -> tuple[list[list[SliceHeader]], str] | None:
-    """The planes of each time point and the attribute that orders them, if the repeated positions
-    form a time series (see the module docstring); else None."""
-    groups = _position_groups(headers, tolerance)
-    sizes = {len(g) for g in groups}
-    if len(sizes) != 1 or (n := sizes.pop()) < 2 or not headers[0].times:
-        return None
-    for i, keywords in enumerate(TIME_ATTRIBUTES):
-        values = [[h.times[i] for h in g] for g in groups]
-        if all(all(v) and len(set(v)) == n for v in values):
-            points: list[list[SliceHeader]] = [[] for _ in range(n)]
-            for g in groups:
-                for t, h in enumerate(sorted(g, key=lambda h: _number(h.times[i]))):
-                    points[t].append(h)
-            per_frame, classic = keywords
-            return points, classic if headers[0].frame is None else per_frame
-    return None
-
-
 def split_stacks(headers: list[SliceHeader], tolerance: float) -> list[StackSplit]:
     """The stacks of one candidate (planes within ``tolerance`` mm along the normal share a position);
     one unlabelled stack when it is not split."""
     parts = [StackSplit((), headers)]
     if all(len(g) == 1 for g in _position_groups(headers, tolerance)):
         return parts
-    for value_of, labeller in _CATEGORICAL:
+    for step, (value_of, labeller) in enumerate(_CATEGORICAL):
         found = []
         for part in parts:
             by_value = _split_by(part.headers, value_of, tolerance)
             if by_value is None:
                 found.append(part)
                 continue
-            labels = labeller(list(by_value))
-            found += [StackSplit(part.labels + (labels[v],), members) for v, members in by_value.items()]
+            labels = labeller(by_value)
+            found += [StackSplit(part.labels + (labels[v],), members,
+                                 diffusion=str(v) if step == _DIFFUSION else part.diffusion)
+                      for v, members in by_value.items()]
         parts = found
     out = []
     for part in parts:
-        series = _time_points(part.headers, tolerance)
+        series = time_points(_position_groups(part.headers, tolerance))
         if series is None:
             out.append(part)
             continue
-        points, attribute = series
-        width = max(2, len(str(len(points))))
-        out += [StackSplit(part.labels + (f"t_{t:0{width}d}",), members, t, len(points), attribute)
-                for t, members in enumerate(points, 1)]
+        n, width = len(series.points), max(2, len(str(len(series.points))))
+        for t, members in enumerate(series.points, 1):
+            reason = "" if len(members) == series.positions else (
+                f"time point {t} has {len(members)} of {series.positions} slices (incomplete time series, "
+                f"time points told apart by {series.attribute}): rejected, the complete ones are stored")
+            out.append(StackSplit(part.labels + (f"t_{t:0{width}d}",), members, t, n, series.attribute,
+                                  series.flags, reason, part.diffusion))
     return out

@@ -19,6 +19,7 @@ from dataclasses import replace
 from medload.config import IngestConfig
 from medload.errors import MedloadError
 from medload.ingest import plausibility
+from medload.ingest.diffusion import diffusion_record
 from medload.ingest.discover import SourceRef
 from medload.ingest.geometry import Geometry
 from medload.ingest.headers import SliceHeader
@@ -173,7 +174,8 @@ def _reject(report: IngestReport, plan: SeriesPlan, failure: Failure) -> None:
     plan.failure = failure
     _record_outcome(report, plan, "rejected", f"{failure.reason} ({failure.source})")
     report.rejects.append(RejectRecord("rejected", failure.stage, failure.reason, failure.source, failure.sha256,
-                                       series=plan.cand.key.hex()))
+                                       series=plan.cand.key.hex(),
+                                       sources=tuple(sorted({h.ref.display for h in plan.cand.headers}))))
 
 
 def _finish_series(state: _SeriesInProgress, cfg: IngestConfig, labels: LabelAssigner | None,
@@ -265,6 +267,7 @@ def _commit(state: _SeriesInProgress, cfg: IngestConfig, labels: LabelAssigner |
         split=cand.split,
         time_series=cand.time_series,
         time_point=cand.time_point,
+        **(diffusion_record(cand.diffusion, h.gradient_frame, geom.affine_lps) if cand.diffusion else {}),
     )
     label = None
     if labels is not None:

@@ -25,6 +25,9 @@ class SeriesRecord:
     ``split`` names the stack of a series that held several at the same positions (``"phase"``,
     ``"echo_2"``, ``"t_07"``; also among ``flags``), and the time points of one time series share
     ``time_series`` (an id) and number themselves by ``time_point`` (1..N; 0 outside a time series).
+    A stack split by diffusion keeps its ``b_value`` and, where the headers give it in the patient frame,
+    its unit ``gradient`` (LPS) and ``gradient_image`` (along the voxel axes: column, row, slice), the
+    values of FSL's ``.bval``/``.bvec`` (:func:`medload.storage.nifti.export_nifti` writes them).
 
     Examples:
         >>> rec = store.record(store.series()[0].key[:6])                # a unique key prefix is enough
@@ -62,6 +65,9 @@ class SeriesRecord:
     split: str = ""
     time_series: str = ""
     time_point: int = 0
+    b_value: float | None = None
+    gradient: tuple[float, float, float] | None = None
+    gradient_image: tuple[float, float, float] | None = None
     format: int = _RECORD_FORMAT
 
     def to_dict(self) -> dict:
@@ -180,7 +186,8 @@ class RejectRecord:
 
 #: Fields added after records were first written, left out at their default: a record they do not
 #: concern keeps the bytes it had before they existed.
-_LATER_FIELDS = {"split": "", "time_series": "", "time_point": 0}
+_LATER_FIELDS = {"split": "", "time_series": "", "time_point": 0, "b_value": None, "gradient": None,
+                 "gradient_image": None}
 
 
 def _stored_json(record: SeriesRecord | LabelRecord) -> bytes:

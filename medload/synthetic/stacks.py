@@ -16,7 +16,11 @@ kind                  what the stacks differ by                                 
                       AcquisitionTime per slice (interleaved, as a 2-D sequence writes it)
 ``perfusion``         CT images: only AcquisitionTime per rotation (+1 ms per slice)               t_01, t_02...
 ``cardiac``           one Enhanced CT file: per-frame FrameContentSequence TemporalPositionIndex   t_01, t_02...
+``pcasl``             one Enhanced MR file: label and control frames told apart only by             dim_2005_1011_1, _2
+                      DimensionIndexValues, on a Philips private dimension (2005,1011)
 ====================  =========================================================================  ==================
+
+and the kinds of :mod:`medload.synthetic.fourd` (vendor tags, InstanceNumber, ties on acquisition time).
 """
 
 from __future__ import annotations
@@ -28,21 +32,25 @@ from pathlib import Path
 import numpy as np
 import pydicom
 from pydicom.dataset import Dataset
-from pydicom.tag import Tag
+from pydicom.tag import BaseTag, Tag
 from pydicom.uid import EnhancedMRImageStorage, MRImageStorage
 
 from medload.errors import ConfigError
 from medload.synthetic.dataset import synthetic_uid
+from medload.synthetic.fourd import PRIVATE_KINDS, private_stack_attributes
 from medload.synthetic.series import make_series
 from medload.synthetic.spec import GeneratedSeries, SeriesSpec
 
 __all__ = ["SharedStacks", "make_shared_positions", "SHARED_POSITION_KINDS"]
 
-_ENHANCED = {"b0map", "echo", "cardiac"}
+#: the private dimension of ``pcasl`` (a Philips pCASL label/control index), as DimensionIndexPointer
+PCASL_DIMENSION = Tag(0x2005, 0x1011)
+_ENHANCED = {"b0map", "echo", "cardiac", "pcasl"}
 #: the third dimension of an Enhanced kind (after StackID and InStackPositionNumber): what tells its stacks apart
-_DIMENSION = {"b0map": ("FrameType", "MRImageFrameTypeSequence"), "echo": ("EffectiveEchoTime", "MREchoSequence"),
-              "cardiac": ("TemporalPositionIndex", "FrameContentSequence")}
-SHARED_POSITION_KINDS = ("swi", "b0map", "echo", "dwi", "fmri", "perfusion", "cardiac")
+_DIMENSION: dict[str, tuple[str | BaseTag, str | BaseTag]] = {"b0map": ("FrameType", "MRImageFrameTypeSequence"), "echo": ("EffectiveEchoTime", "MREchoSequence"),
+              "cardiac": ("TemporalPositionIndex", "FrameContentSequence"),
+              "pcasl": (PCASL_DIMENSION, Tag(0x2005, 0x140F))}
+SHARED_POSITION_KINDS = ("swi", "b0map", "echo", "dwi", "fmri", "perfusion", "cardiac", "pcasl", *PRIVATE_KINDS)
 
 
 @dataclass
@@ -71,7 +79,9 @@ def _labels(kind: str, count: int) -> list[str]:
         return ["magnitude", "field_map"]
     if kind == "echo":
         return [f"echo_{k}" for k in range(1, count + 1)]
-    if kind == "dwi":
+    if kind == "pcasl":
+        return ["dim_2005_1011_1", "dim_2005_1011_2"]
+    if kind in ("dwi", "ge_dwi", "siemens_dwi", "siemens_csa"):
         return ["b0"] + [f"b1000_dir{k:02d}" for k in range(1, count)]
     width = max(2, len(str(count)))
     return [f"t_{k:0{width}d}" for k in range(1, count + 1)]
@@ -98,6 +108,8 @@ def _classic(ds: Dataset, kind: str, s: int, k: int, n_slices: int) -> None:
         ds.AcquisitionTime = f"{100000 + 2 * s:06d}.{order * 100:06d}"
     elif kind == "perfusion":
         ds.AcquisitionTime = f"{100000 + s:06d}.{k * 1000:06d}"
+    elif kind in PRIVATE_KINDS:
+        private_stack_attributes(ds, kind, s)
     ds.InstanceNumber = s * n_slices + k + 1
 
 
@@ -118,6 +130,8 @@ def _merge_enhanced(parts: list[Path], kind: str, out: Path) -> Path:
                 item.MREchoSequence = [_item(EffectiveEchoTime=1.52 if s == 0 else 0.0)]
             elif kind == "echo":
                 item.MREchoSequence = [_item(EffectiveEchoTime=5.0 * (s + 1))]
+            elif kind == "pcasl":
+                pass  # label and control: told apart by DimensionIndexValues alone
             else:
                 item.FrameContentSequence[0].TemporalPositionIndex = s + 1
             content = item.FrameContentSequence[0]
@@ -133,13 +147,13 @@ def _merge_enhanced(parts: list[Path], kind: str, out: Path) -> Path:
     measures = ds.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0]
     measures.SpacingBetweenSlices = f"{float(np.linalg.norm(np.subtract(second, first))):g}"
     ds.PixelData = b"".join(part.PixelData for part in datasets)
-    if kind in ("b0map", "echo"):
+    if kind in ("b0map", "echo", "pcasl"):
         ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = EnhancedMRImageStorage
         ds.Modality = "MR"
         shared = ds.SharedFunctionalGroupsSequence[0]
         frame_type = shared.CTImageFrameTypeSequence[0]
         del shared.CTImageFrameTypeSequence, shared.CTXRayDetailsSequence, shared.CTReconstructionSequence
-        if kind == "echo":
+        if kind in ("echo", "pcasl"):
             shared.MRImageFrameTypeSequence = [frame_type]
     ds.save_as(out, enforce_file_format=True)
     return out
@@ -151,8 +165,8 @@ def make_shared_positions(out_dir: Path, kind: str, *, count: int | None = None,
     (kinds in the module docstring; ``count`` defaults to 2 for ``swi``/``b0map``, else 3)."""
     if kind not in SHARED_POSITION_KINDS:
         raise ConfigError(f"kind {kind!r}: use one of {', '.join(SHARED_POSITION_KINDS)}")
-    count = count or (2 if kind in ("swi", "b0map") else 3)
-    if kind in ("swi", "b0map") and count != 2:
+    count = count or (2 if kind in ("swi", "b0map", "pcasl") else 3)
+    if kind in ("swi", "b0map", "pcasl") and count != 2:
         raise ConfigError(f"a {kind} series has 2 stacks, not {count}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from medload.storage.nifti import export_nifti
 from medload.synthetic import SeriesSpec, make_series
 from medload.synthetic.stacks import SHARED_POSITION_KINDS, make_shared_positions
 
-TIMED = {"fmri", "perfusion", "cardiac"}
+TIMED = {"fmri", "perfusion", "cardiac", "ge_fmri", "instance", "tie"}
 try:  # the PyPI build of dcm2niix (the dev extra): newer than Debian's, it splits Enhanced 4-D objects
     from dcm2niix import bin as DCM2NIIX_RECENT
 except ImportError:
