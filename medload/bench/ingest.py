@@ -151,7 +151,8 @@ def _run_writer(src: Path, store: Path, codec: str) -> dict:
             continue
     writer, seconds, files = TaskShardWriter(store / "task.lmdb", tuple(w.name for w in windows)), 0.0, 0
     for n, slices in enumerate(series.values()):
-        values = [(encode_value(v, enc), {w.name: encode_value(win.to_uint8(v, w), enc) for w in windows}) for v in slices]
+        values: list[tuple[bytes, dict[str, bytes | memoryview]]] = [
+            (encode_value(v, enc), {w.name: encode_value(win.to_uint8(v, w), enc) for w in windows}) for v in slices]
         t0 = time.perf_counter()
         txn = writer.begin_series(n.to_bytes(16, "big"), sum(len(v) + sum(map(len, p.values())) for v, p in values))
         for z, (value, planes) in enumerate(values):
