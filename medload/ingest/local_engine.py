@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 
 import lmdb
+import numpy as np
 
 from medload.config import IngestConfig
 from medload.deid import Pseudonymizer
@@ -42,6 +43,7 @@ from medload.ingest.report import IngestReport
 from medload.ingest.shard_tasks import BatchResult, write_in_tasks
 from medload.ingest.stages import SeriesPlan, decode_and_write, header_pass
 from medload.ingest.worker import init_worker
+from medload.storage.codec import encode_value, get_codec
 from medload.storage.space import disk_full_is_error
 from medload.storage.task_shard import committed_series
 from medload.storage.writer import StoreWriter
@@ -86,7 +88,9 @@ class LocalEngine:
 
     def __init__(self, cfg: IngestConfig, pseudo: Pseudonymizer, *, in_process: bool = False) -> None:
         self.cfg, self.pseudo = cfg, pseudo
-        # every process is forked here, before the store is opened (py-lmdb's rule for fork)
+        # every process is forked here, before the store is opened (py-lmdb's rule for fork), after the codec's
+        # first use: it imports blosc2 (~0.5 s), which every task's decoding process would otherwise import again
+        encode_value(np.zeros((2, 2), np.int16), get_codec(cfg.codec))
         self.runner = None if in_process else _ProcessRunner(cfg.worker_count)
         self.pool = IsolatedPool(cfg.worker_count, init_worker, (pseudo, cfg), memory=cfg.worker_memory,
                                  timeout=cfg.decode_timeout)

@@ -116,8 +116,8 @@ def write_in_tasks(runner: TaskRunner, plans: list[SeriesPlan], writer: StoreWri
                 batch = [plans[j] for j in batches[i]]
                 try:
                     result = runner.result(future)
-                except DiskFullError:  # stops the run: what was published stays
-                    raise
+                except DiskFullError as exc:  # stops the run, naming the store: what was published stays
+                    raise DiskFullError(str(exc), exc.stage, str(writer.root)) from None
                 except Exception as exc:  # noqa: BLE001 -- the task failed, not an input
                     result = _failed(batch, exc)
                 if result.shard is not None:

@@ -36,7 +36,7 @@ class TaskShardWriter:
     def begin_series(self, key: bytes, estimated_bytes: int) -> SeriesTransaction:
         """Start the one write transaction of series ``key``."""
         if self._env is None:
-            self._env = sh.open_write_env(self.path, map_size=2 * estimated_bytes)
+            self._env = sh.open_write_env(self.path, map_size=2 * estimated_bytes + (16 << 20))  # room for the sub-databases
             self._dbs = sh.open_dbs(self._env, sh.written_db_names(self._windows), create=True)
         sh.reserve(self._env, estimated_bytes)
         return SeriesTransaction(self, key, self._env.begin(write=True))
