@@ -56,8 +56,9 @@ CODEC = "blosc2-lz4"
 PEERS = {"pydicom": "pydicom read+decode (1 proc)", "dcm2niix": "dcm2niix .nii (1 thread)",
          "simpleitk": "SimpleITK ImageSeriesReader (1 thread)"}
 """The peers every row is compared with (per core), by short name -> contender name."""
-WRITER = "medload writer capacity (pre-encoded slices into a task shard, 1 process; local and Dask tasks)"
-"""The writing side alone, fed slices decoded and encoded beforehand: what one writing process absorbs."""
+WRITER = "medload writer capacity (1 process)"
+"""The writing side alone, fed slices decoded and encoded beforehand (into a task shard, as local and Dask
+tasks write): what one writing process absorbs."""
 
 
 # ---- contenders, each run in its own process -----------------------------------------------------
