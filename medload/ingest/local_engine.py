@@ -36,7 +36,7 @@ from medload.deid import Pseudonymizer
 from medload.errors import DiskFullError, StoreError
 from medload.ingest.discover import SourceRef
 from medload.ingest.headers import SliceHeader
-from medload.ingest.isolation import IsolatedPool
+from medload.ingest.isolation import IsolatedPool, die_with_parent
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput
 from medload.ingest.report import IngestReport
@@ -59,7 +59,8 @@ class _ProcessRunner:
     """Series tasks in ``workers`` processes of this machine (see :class:`~medload.ingest.shard_tasks.TaskRunner`)."""
 
     def __init__(self, workers: int) -> None:
-        self.executor = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"))
+        # a task process dies with this one (kill -9 too): none writes on into staging/ unsupervised
+        self.executor = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=die_with_parent)
         self.executor.submit(os.getpid).result()  # forks every worker now: with "fork", all start at the first task
 
     def submit(self, key: str, fn: Callable[..., BatchResult], *args: object) -> Future[BatchResult]:
