@@ -1,7 +1,7 @@
 """Where one ingest worker's time goes: each stage of ``medload ingest`` timed alone, in one process, on
 the same files, against bare pydicom read + decode + rescale (issue 32).
 
-Usage: PYTHONPATH=. python benchmarks/ingest_stages.py [--series 4] [--slices 32] [--size 512]
+Usage: PYTHONPATH=. python benchmarks/ingest_stages.py [--series 4] [--slices 32] [--size 512] [--windows lung]
 
 Stages, per file (ms), each run over every file after the one before it (so each starts from the
 previous stage's output, held in memory): discovery, header pass (pseudonymised SliceHeader), grouping
@@ -28,7 +28,8 @@ from medload.config import IngestConfig
 from medload.deid import Pseudonymizer, create_key, load_key
 from medload.ingest.discover import SourceRef, discover, read_source
 from medload.ingest.geometry import plan_geometry
-from medload.ingest.headers import read_headers
+from medload.ingest.headers import SliceHeader, read_headers
+from medload.ingest.labels import LabelInput
 from medload.ingest.pixels import LoadedFile, decode_plane
 from medload.ingest.series import group_series
 from medload.storage.codec import encode_value, get_codec
@@ -43,14 +44,18 @@ def _pydicom(paths: list[Path]) -> None:
         (ds.pixel_array.astype(np.int32) * int(ds.RescaleSlope) + int(ds.RescaleIntercept)).astype(np.int16)
 
 
-def measure(root: Path, series: int, slices: int, size: int) -> list[tuple[str, float]]:
+def _planes(found: list[SliceHeader] | LabelInput) -> list[SliceHeader]:
+    return found if isinstance(found, list) else []
+
+
+def measure(root: Path, series: int, slices: int, size: int, windows: tuple[str, ...]) -> list[tuple[str, float]]:
     src = root / "dicom"
     for i in range(series):
         make_series(src, SeriesSpec(n_slices=slices, rows=size, cols=size, signed=bool(i % 2), bits_stored=16 if i % 2 else 12,
                                     orientation="axial" if i % 2 == 0 else "oblique"), seed=200 + i, series_number=i + 1)
-    cfg = IngestConfig(workers=1, windows=("lung", "soft_tissue"))
+    cfg = IngestConfig(workers=1, windows=windows)
     pseudo = Pseudonymizer(load_key(create_key(root / "key")))
-    codec, windows = get_codec(cfg.codec), [win.get(w) for w in cfg.windows]
+    codec, planes_of = get_codec(cfg.codec), [win.get(w) for w in cfg.windows]
     paths = sorted(src.iterdir())
     n = len(paths)
     times: list[tuple[str, float]] = []
@@ -65,7 +70,7 @@ def measure(root: Path, series: int, slices: int, size: int) -> list[tuple[str, 
     encode_value(np.zeros((2, 2), np.int16), codec)  # blosc2 is imported on the first value encoded
     clock("bare pydicom: dcmread + pixel_array + rescale (the reference)", lambda: _pydicom(paths))
     refs: list[SourceRef] = clock("discovery", lambda: [r for r in discover(src) if isinstance(r, SourceRef)])
-    headers = clock("header pass (read_headers)", lambda: [h for r in refs for h in read_headers(r, pseudo, cfg)])
+    headers = clock("header pass (read_headers)", lambda: [h for r in refs for h in _planes(read_headers(r, pseudo, cfg))])
     cands = clock("grouping + geometry", lambda: [(c, plan_geometry(c.headers, cfg)) for c in
                                                   group_series(headers, time_series=cfg.time_series,
                                                                duplicate_tolerance=cfg.duplicate_tolerance_mm)])
@@ -73,7 +78,7 @@ def measure(root: Path, series: int, slices: int, size: int) -> list[tuple[str, 
     files = clock("file read", lambda: [LoadedFile(read_source(h.ref)) for _, h in slots])
     values = clock("decode + HU (decode_plane)", lambda: [decode_plane(f, h, c.first.modality, c.value_dtype)[0]
                                                           for f, (c, h) in zip(files, slots, strict=True)])
-    planes = clock("plane windowing", lambda: [{w.name: win.to_uint8(v, w) for w in windows} for v in values])
+    planes = clock("plane windowing", lambda: [{w.name: win.to_uint8(v, w) for w in planes_of} for v in values])
     encoded = clock("compression + checksum", lambda: [(encode_value(v, codec), {k: encode_value(p, codec) for k, p in
                                                         ps.items()}) for v, ps in zip(values, planes, strict=True)])
     clock("slice digest", lambda: [slice_digest(v) for v in values])
@@ -100,12 +105,15 @@ def main() -> None:
     ap.add_argument("--series", type=int, default=4)
     ap.add_argument("--slices", type=int, default=32)
     ap.add_argument("--size", type=int, default=512)
+    ap.add_argument("--windows", default="", help="window planes to store, as --windows of medload ingest (default none)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="medload-stages-") as tmp:
-        times = measure(Path(tmp), args.series, args.slices, args.size)
+        times = measure(Path(tmp), args.series, args.slices, args.size, tuple(filter(None, args.windows.split(","))))
     reference = times[0][1]
     ours = sum(t for _, t in times[1:])
-    print(f"| stage ({args.series} series x {args.slices} slices, {args.size}x{args.size}) | ms per file | x bare pydicom |")
+    planes = f", windows {args.windows}" if args.windows else ""
+    print(f"| stage ({args.series} series x {args.slices} slices, {args.size}x{args.size}{planes}) | ms per file | "
+          "x bare pydicom |")
     print("|---|---|---|")
     for name, t in times:
         print(f"| {name} | {t:.3f} | {t / reference:.2f} |")
