@@ -90,7 +90,7 @@ class LocalEngine:
     def __init__(self, cfg: IngestConfig, pseudo: Pseudonymizer, *, in_process: bool = False) -> None:
         self.cfg, self.pseudo = cfg, pseudo
         # every process is forked here, before the store is opened (py-lmdb's rule for fork), after the codec's
-        # first use: it imports blosc2 (~0.5 s), which every task's decoding process would otherwise import again
+        # first use: it imports blosc2 (~0.75 s), which every task's decoding process would otherwise import again
         encode_value(np.zeros((2, 2), np.int16), get_codec(cfg.codec))
         self.runner = None if in_process else _ProcessRunner(cfg.worker_count)
         self.pool = IsolatedPool(cfg.worker_count, init_worker, (pseudo, cfg), memory=cfg.worker_memory,
