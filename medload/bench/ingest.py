@@ -12,6 +12,10 @@ Contenders (each timed run is a fresh process, so none inherits another's import
 - ``medload ingest``: everything ``medload ingest`` does -- header pass, grouping, geometry checks, HU,
   blosc2 encoding, checksums, digests, one LMDB transaction per series, shard publish -- at 1 and N
   workers; the child tunes its allocator as the ``medload`` command does.
+- ``medload writer capacity``: the writing side alone (puts into a task shard, one transaction and a synced
+  commit per series), fed slices decoded, windowed and encoded beforehand (untimed): the files/s one
+  writing process absorbs, so a small machine shows how many decode workers one writer could serve.
+  Local and Dask tasks write the same task shards.
 - ``medload ingest on Dask``: the same on a Dask LocalCluster of 1 and N workers (each task decoding in a
   process of its own and writing its own shard, published by the timed process). As imports are for
   the other Python contenders, starting the cluster (about 1 s here) is not timed: it is reported
@@ -52,6 +56,9 @@ CODEC = "blosc2-lz4"
 PEERS = {"pydicom": "pydicom read+decode (1 proc)", "dcm2niix": "dcm2niix .nii (1 thread)",
          "simpleitk": "SimpleITK ImageSeriesReader (1 thread)"}
 """The peers every row is compared with (per core), by short name -> contender name."""
+WRITER = "medload writer capacity (1 process)"
+"""The writing side alone, fed slices decoded and encoded beforehand (into a task shard, as local and Dask
+tasks write): what one writing process absorbs."""
 
 
 # ---- contenders, each run in its own process -----------------------------------------------------
@@ -122,6 +129,42 @@ def _run_medload(src: Path, store: Path, workers: int, codec: str, scheduler: st
     return {"counts": dict(report.counts)}
 
 
+def _run_writer(src: Path, store: Path, codec: str) -> dict:
+    """The writing side alone: each series' slices decoded, windowed and encoded beforehand (untimed, the
+    decoders' work), then timed: its puts into a task shard in one transaction, and the synced commit --
+    what one writing process absorbs, in files/s."""
+    import pydicom
+
+    from medload import windows as win
+    from medload.config import IngestConfig
+    from medload.storage.codec import encode_value, get_codec
+    from medload.storage.task_shard import TaskShardWriter
+
+    shutil.rmtree(store, ignore_errors=True)
+    store.mkdir(parents=True)
+    windows, enc = [win.get(w) for w in IngestConfig().windows], get_codec(codec)
+    series: dict[str, list[np.ndarray]] = {}
+    for path in _files(src):
+        try:
+            ds = pydicom.dcmread(path)
+            series.setdefault(str(ds.SeriesInstanceUID), []).append(ds.pixel_array.astype(np.int16))
+        except (pydicom.errors.InvalidDicomError, AttributeError, ValueError, TypeError, NotImplementedError):
+            continue
+    writer, seconds, files = TaskShardWriter(store / "task.lmdb", tuple(w.name for w in windows)), 0.0, 0
+    for n, slices in enumerate(series.values()):
+        values: list[tuple[bytes, dict[str, bytes | memoryview]]] = [
+            (encode_value(v, enc), {w.name: encode_value(win.to_uint8(v, w), enc) for w in windows}) for v in slices]
+        t0 = time.perf_counter()
+        txn = writer.begin_series(n.to_bytes(16, "big"), sum(len(v) + sum(map(len, p.values())) for v, p in values))
+        for z, (value, planes) in enumerate(values):
+            txn.put_slice(z, value, planes)
+        txn.commit()
+        seconds += time.perf_counter() - t0
+        files += len(values)
+    writer.close()
+    return {"decoded": files, "timed_seconds": seconds}
+
+
 def _child(spec: dict) -> dict:
     """One contender's work in this (fresh) process; the seconds exclude the imports (and starting a
     Dask cluster, reported apart as ``cluster_start_s``)."""
@@ -139,16 +182,20 @@ def _child(spec: dict) -> dict:
                 started = time.perf_counter() - t0
         elif kind == "simpleitk":
             import SimpleITK  # noqa: F401
+        elif kind == "writer":
+            import medload.storage.task_shard  # noqa: F401
         else:
             import pydicom  # noqa: F401
         t0 = time.perf_counter()
         if kind == "pydicom":
             out = _run_pydicom(src, spec["procs"])
+        elif kind == "writer":
+            out = _run_writer(src, Path(spec["store"]), spec["codec"])
         elif kind == "simpleitk":
             out = _run_simpleitk(src)
         else:
             out = _run_medload(src, Path(spec["store"]), spec["workers"], spec["codec"], scheduler)
-        out["seconds"] = time.perf_counter() - t0
+        out["seconds"] = out.pop("timed_seconds", time.perf_counter() - t0)
     if started is not None:
         out["cluster_start_s"] = started
     return out
@@ -224,6 +271,7 @@ def contenders(src: Path, work: Path, *, cores: int, codecs: Sequence[str] = (CO
         out.append(IngestContender(f"medload ingest on Dask, {n} worker{'s' if n > 1 else ''}", n,
                                    child(kind="medload", store=str(work / f"store-dask{n}"), workers=n, codec=CODEC,
                                          dask_workers=n)))
+    out.append(IngestContender(WRITER, 1, child(kind="writer", store=str(work / "store-writer"), codec=CODEC)))
     return out
 
 
@@ -280,8 +328,11 @@ def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: 
              "nii_mb": tree_bytes(nii) / 1e6 if nii.exists() and any(nii.iterdir()) else None}
     sizes["store_x_dicom"] = sizes["store_mb"] / mb if sizes["store_mb"] and mb else None
     sizes["nii_x_dicom"] = sizes["nii_mb"] / mb if sizes["nii_mb"] and mb else None
+    from medload.bench.targets import ingest_targets
+
     return {"status": "ok", "source": source or str(src), "files": len(files), "megabytes": mb, "cores": ncores,
-            "repeats": repeats, "warmup": warmup, "rows": rows, "sizes": sizes}
+            "repeats": repeats, "warmup": warmup, "rows": rows, "sizes": sizes,
+            "targets": ingest_targets(rows, ncores, WRITER)}
 
 
 # ---- data ----------------------------------------------------------------------------------------

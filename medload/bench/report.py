@@ -100,7 +100,11 @@ def _ingest_tables(sec: dict) -> list[TableSpec]:
     s.add(["DICOM files", fmt_int(sz["dicom_mb"]), "1.00"])
     s.add([f"medload store ({sz['store_codec']})", fmt_int(sz["store_mb"]), fmt_ratio(sz["store_x_dicom"])])
     s.add(["dcm2niix .nii", fmt_int(sz["nii_mb"]), fmt_ratio(sz["nii_x_dicom"])])
-    return [t, s]
+    g = TableSpec("Ingest targets (issue 32), read from the rows above", ["run", "measure", "value", "target", "met"])
+    for x in sec.get("targets", []):
+        g.add([x["run"], x["measure"], fmt_ratio(x["value"]), f">= {fmt_ratio(x['target'])}",
+               "-" if x["met"] is None else "yes" if x["met"] else "NO"], failed=x["met"] is False)
+    return [t, s, g] if g.rows else [t, s]
 
 
 # ---- loading ---------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ cold). A target whose row is missing has ``met`` None; a run on a busy machine s
 
 from __future__ import annotations
 
-__all__ = ["PSS_TARGET_MB", "SPEED_TARGETS", "SCALE_TARGETS", "DISK_TARGET", "memory_targets", "speed_targets",
+__all__ = ["INGEST_TARGETS", "ingest_targets", "PSS_TARGET_MB", "SPEED_TARGETS", "SCALE_TARGETS", "DISK_TARGET", "memory_targets", "speed_targets",
            "scale_targets"]
 
 PSS_TARGET_MB = 1000.0
@@ -81,3 +81,26 @@ def scale_targets(sec: dict) -> list[dict]:
                     "measure": "bytes read from disk per sample / stored bytes of its slices", "value": ratio,
                     "target": DISK_TARGET, "met": None if ratio is None else ratio <= DISK_TARGET, "at_most": True})
     return out
+
+
+#: Ingest (issue 32): the N-worker row at least ``0.9 * N`` times the 1-worker row (1.8x at 2 workers); the
+#: 1-worker row at least 1.2x bare pydicom read+decode in one process; one writing process absorbing at
+#: least 16x the files/s of one decode worker.
+INGEST_TARGETS = {"scaling_per_worker": 0.9, "x_pydicom": 1.2, "writer_x_worker": 16.0}
+
+
+def ingest_targets(rows: list[dict], cores: int, writer: str) -> list[dict]:
+    """:data:`INGEST_TARGETS` against the rows of one ingest section (files/s from the medians)."""
+    rate = {r["contender"]: r.get("files_per_s") for r in rows if r.get("status") == "ok"}
+    one, many, peer = (rate.get("medload ingest (1 worker)"), rate.get(f"medload ingest ({cores} workers)"),
+                       rate.get("pydicom read+decode (1 proc)"))
+    wanted = [(f"medload ingest, {cores} workers", "x 1 worker (files/s)", many / one if many and one else None,
+               INGEST_TARGETS["scaling_per_worker"] * cores),
+              ("medload ingest, 1 worker", "x pydicom read+decode, 1 process", one / peer if one and peer else None,
+               INGEST_TARGETS["x_pydicom"]),
+              ("writer capacity", "x 1 worker (files/s)", rate[writer] / one if rate.get(writer) and one else None,
+               INGEST_TARGETS["writer_x_worker"])]
+    if cores < 2:
+        wanted = wanted[1:]
+    return [{"run": run, "measure": measure, "value": value, "target": least,
+             "met": None if value is None else value >= least} for run, measure, value, least in wanted]

@@ -4,10 +4,8 @@
    2048 files each); a task reads its batch's headers in a decoding process of its own
    (:func:`~medload.ingest.stages.header_pass`) and returns planes, label objects and quarantine records.
 2. This process groups series and plans their geometry, exactly as an ingest without Dask does.
-3. The planned series are cut into batches of consecutive series (about four per worker thread, at
-   most ``shard_bytes`` of pixels each, never less than one series): one task per batch decodes its
-   series in a decoding process of its own and writes them, each in one transaction, into a staging
-   shard of its own under ``staging/dask-<run>/`` (:class:`~medload.storage.task_shard.TaskShardWriter`).
+3. The planned series are written by tasks into shards of their own under ``staging/dask-<run>/``, as
+   :mod:`medload.ingest.shard_tasks` describes (about four batches per worker thread).
 4. As each task finishes, this process -- the store's one writer -- publishes its shard
    (:meth:`~medload.storage.writer.StoreWriter.adopt`: a rename into ``shards/`` and an atomic rewrite
    of ``store.json``). Dask runs a task *at least* once (a task whose worker died is run again; an
@@ -28,25 +26,23 @@ from __future__ import annotations
 import logging
 import secrets
 import shutil
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from medload.config import IngestConfig
 from medload.deid import Pseudonymizer
-from medload.errors import DiskFullError, MedloadError
+from medload.errors import MedloadError
 from medload.ingest.cluster import check_workers_see, connect
 from medload.ingest.discover import SourceRef
 from medload.ingest.headers import SliceHeader
-from medload.ingest.isolation import IsolatedPool
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput
-from medload.ingest.report import IngestReport, SeriesOutcome
-from medload.ingest.stages import SeriesPlan, decode_and_write, header_pass
-from medload.ingest.worker import init_worker
+from medload.ingest.report import IngestReport
+from medload.ingest.shard_tasks import BatchResult, cut_batches, isolated_pool, write_in_tasks
+from medload.ingest.stages import SeriesPlan, header_pass
 from medload.progress import progress_bar
 from medload.storage.records import RejectRecord
-from medload.storage.task_shard import TaskShardWriter
 from medload.storage.writer import StoreWriter
 
 __all__ = ["DaskEngine", "cut_batches"]
@@ -57,57 +53,36 @@ _TASKS_PER_THREAD = 4
 _HEADER_TASK_FILES = 2048
 
 
-def cut_batches(sizes: Sequence[int], parts: int, limit: int) -> list[range]:
-    """Consecutive runs of items covering ``sizes`` in order, aiming at ``parts`` runs of equal total
-    size: each run holds one item, or items adding up to at most ``min(limit, ceil(total / parts))``."""
-    target = max(1, min(limit, -(-sum(sizes) // max(1, parts))))
-    runs, start, held = [], 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and held + size > target:
-            runs.append(range(start, i))
-            start, held = i, 0
-        held += size
-    if start < len(sizes):
-        runs.append(range(start, len(sizes)))
-    return runs
-
-
 # ---- tasks (run on the workers) -------------------------------------------------------------------
-def _pool(setup: tuple[Pseudonymizer, IngestConfig]) -> IsolatedPool:
-    pseudo, cfg = setup
-    return IsolatedPool(1, init_worker, (pseudo, cfg), memory=cfg.worker_memory, timeout=cfg.decode_timeout)
-
-
 def _header_task(refs: list[SourceRef], setup: tuple[Pseudonymizer, IngestConfig]
                  ) -> tuple[list[SliceHeader], list[LabelInput], list[RejectRecord]]:
     report = IngestReport(store="")
     labels: list[LabelInput] = []
-    with _pool(setup) as pool:
+    with isolated_pool(setup) as pool:
         headers = header_pass(pool, refs, report, False, labels)
     return headers, labels, report.rejects
 
 
-@dataclass
-class _BatchResult:
-    """What a series task did: the path of its finished shard (None if it committed nothing) and its report."""
+class _DaskRunner:
+    """Series tasks on the Dask client (see :class:`~medload.ingest.shard_tasks.TaskRunner`)."""
 
-    shard: str | None
-    series: list[SeriesOutcome] = field(default_factory=list)
-    rejects: list[RejectRecord] = field(default_factory=list)
-    slices: int = 0
+    def __init__(self, client: Any) -> None:
+        self.client = client
 
+    def submit(self, key: str, fn: Callable[..., BatchResult], *args: object) -> Any:
+        return self.client.submit(fn, *args, pure=False, key=key)
 
-def _series_task(plans: list[SeriesPlan], shard_prefix: str, setup: tuple[Pseudonymizer, IngestConfig]) -> _BatchResult:
-    cfg = setup[1]
-    report = IngestReport(store="")
-    path = Path(f"{shard_prefix}-{secrets.token_hex(4)}.lmdb")  # each attempt its own shard
-    with _pool(setup) as pool:  # started before the shard's environment is opened (py-lmdb's fork rule)
-        writer = TaskShardWriter(path, cfg.windows)
+    def completed(self, futures: list[Any]) -> Iterable[Any]:
+        return _as_completed(futures)
+
+    def result(self, future: Any) -> BatchResult:
         try:
-            decode_and_write(pool, writer, plans, cfg, report, False, None)
+            return future.result()
         finally:
-            held = writer.close()
-    return _BatchResult(str(path) if held else None, report.series, report.rejects, report.slices_written)
+            future.release()
+
+    def cancel(self, futures: list[Any]) -> None:
+        self.client.cancel(futures)
 
 
 # ---- the coordinator ------------------------------------------------------------------------------
@@ -153,7 +128,7 @@ class DaskEngine:
                                       key=f"medload-headers-{self._run}-{i}"): i for i, b in enumerate(batches)}
         results: dict[int, tuple] = {}
         with progress_bar("reading headers (Dask)", len(refs), enabled=progress) as advance:
-            for future in _as_completed(futures):
+            for future in _as_completed(list(futures)):
                 i = futures[future]
                 try:
                     results[i] = future.result()
@@ -181,56 +156,12 @@ class DaskEngine:
             return
         run_dir = self._run_dir = staging / f"dask-{self._run}"
         run_dir.mkdir(mode=0o700)
-        results: dict[int, _BatchResult] = {}
-        futures: dict = {}
-        try:
-            check_workers_see(self.client, str(run_dir), "the store's staging directory")
-            batches = cut_batches([_pixel_bytes(p) for p in plans], _TASKS_PER_THREAD * self.threads,
-                                  self.cfg.shard_bytes)
-            futures = {self.client.submit(_series_task, [plans[j] for j in b], str(run_dir / f"{i:06d}"),
-                                          self._setup, pure=False, key=f"medload-series-{self._run}-{i}"): i
-                       for i, b in enumerate(batches)}
-            total = sum(len(p.geom.slots) for p in plans)
-            with progress_bar("decoding and writing slices (Dask)", total, enabled=progress) as advance:
-                for future in _as_completed(futures):
-                    i = futures[future]
-                    batch = [plans[j] for j in batches[i]]
-                    try:
-                        result = future.result()
-                    except DiskFullError:  # stops the run, as without Dask: what was published stays
-                        raise
-                    except Exception as exc:  # noqa: BLE001 -- the task failed on the cluster, not an input
-                        result = _failed(batch, exc)
-                    future.release()
-                    if result.shard is not None:
-                        stored = writer.adopt(Path(result.shard))
-                        if labels is not None:
-                            labels.stored.update(stored)
-                    results[i] = result
-                    advance(sum(len(p.geom.slots) for p in batch))
-        finally:
-            self.client.cancel(list(futures))
-            for i in sorted(results):  # outcomes in plan order, as without Dask
-                report.series += results[i].series
-                report.rejects += results[i].rejects
-                report.slices_written += results[i].slices
+        check_workers_see(self.client, str(run_dir), "the store's staging directory")
+        write_in_tasks(_DaskRunner(self.client), plans, writer, report, parts=_TASKS_PER_THREAD * self.threads,
+                       prefix=f"{run_dir}/", setup=self._setup, progress=progress, labels=labels, name=self._run)
 
 
 def _as_completed(futures):
-    from distributed import as_completed
+    from distributed import as_completed  # an optional extra: imported where used
 
-    return as_completed(list(futures))
-
-
-def _pixel_bytes(plan: SeriesPlan) -> int:
-    h = plan.cand.first
-    return len(plan.geom.slots) * h.rows * h.cols * 2
-
-
-def _failed(batch: list[SeriesPlan], exc: BaseException) -> _BatchResult:
-    reason = (f"its Dask task failed ({type(exc).__name__}: {exc}); nothing of it was stored: run the ingest "
-              "again to retry it")
-    log.error("a Dask task writing %d series failed: %s", len(batch), exc)
-    outcomes = [SeriesOutcome(p.cand.key.hex(), "failed", p.cand.first.modality, len(p.cand.headers),
-                              (len(p.geom.slots), p.cand.first.rows, p.cand.first.cols), reason) for p in batch]
-    return _BatchResult(None, outcomes)
+    return as_completed(futures)

@@ -52,7 +52,7 @@ from medload.errors import MedloadError
 if TYPE_CHECKING:
     from multiprocessing.context import ForkContext, SpawnContext
 
-__all__ = ["IsolatedPool", "Job", "Lost", "mark"]
+__all__ = ["IsolatedPool", "Job", "Lost", "die_with_parent", "mark"]
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def _limit_data(cap: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: be killed when the supervisor dies (even by SIGKILL), rather than decode on, orphaned,
     until the end of the pipe shows. Elsewhere the end of the pipe alone stops a worker."""
     try:
@@ -124,7 +124,7 @@ def _serve(tasks: Connection, results: Connection, marker: Marker, memory: int, 
     # A crash here is the supervisor's to report: it quarantines the input with the signal. A fault
     # handler inherited from the parent (pytest enables one) would only dump every thread's stack.
     faulthandler.disable()
-    _die_with_parent()
+    die_with_parent()
     # the supervisor stops workers: Ctrl-C and SIGTERM (the CLI's handler of it is inherited) are for it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

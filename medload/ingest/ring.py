@@ -1,4 +1,5 @@
-"""A shared-memory ring through which decoding workers hand encoded slices to the one writer.
+"""A shared-memory ring through which decoding workers hand encoded slices to the process writing their
+series (a task, see :mod:`medload.ingest.shard_tasks`).
 
 Returning encoded slices through the process pool's result pipe copies every byte four times (pickle,
 pipe write, pipe read, unpickle) into freshly allocated buffers: about as much CPU as decoding half the

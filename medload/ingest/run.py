@@ -1,11 +1,11 @@
-"""``ingest``: sources → header pass → series → geometry → decode in workers → one writer → report.
+"""``ingest``: sources → header pass → series → geometry → decode and write in tasks → publish → report.
 
 Headers are read and pixels decoded in supervised worker processes (see :mod:`medload.ingest.isolation`
 and :mod:`medload.ingest.stages`), so an input that crashes, exhausts or hangs a decoder is quarantined
-and the run goes on; this process is the store's only writer. The processes are either this machine's
-(default: all cores; started before any LMDB environment is opened, py-lmdb's rule for ``fork``) or,
-with ``scheduler``, those of the tasks of a Dask cluster, each of which writes a shard that this process
-publishes (:mod:`medload.ingest.dask_engine`).
+and the run goes on. Series are written by tasks into shards of their own, which this process -- the
+store's one writer -- publishes (:mod:`medload.ingest.shard_tasks`). The tasks run either on this
+machine's cores (default: all; :mod:`medload.ingest.local_engine`) or, with ``scheduler``, on a Dask
+cluster (:mod:`medload.ingest.dask_engine`).
 """
 
 from __future__ import annotations
@@ -27,14 +27,12 @@ from medload.deid import KeyFile, Pseudonymizer
 from medload.errors import ConfigError, InputProblem, NoDicomError
 from medload.ingest.discover import DiscoveryProblem, SourceRef, discover, problem_sha256
 from medload.ingest.geometry import plan_geometry
-from medload.ingest.headers import SliceHeader
-from medload.ingest.isolation import IsolatedPool
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput, label_inputs_from_path
+from medload.ingest.local_engine import LocalEngine
 from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.series import SeriesCandidate, group_series
-from medload.ingest.stages import SeriesPlan, decode_and_write, header_pass
-from medload.ingest.worker import init_worker
+from medload.ingest.stages import SeriesPlan
 from medload.storage.codec import get_codec
 from medload.storage.manifest import STORE_LAYOUT, backup_path, manifest_path
 from medload.storage.records import RejectRecord
@@ -123,7 +121,7 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
         masks, dicom = label_inputs_from_path(path, pseudo)
         label_inputs += masks
         label_files += dicom
-    with _engine(scheduler, cfg, pseudo, Path(store)) as engine, open_writer(Path(store), cfg, pseudo) as writer:
+    with _engine(scheduler, cfg, pseudo, Path(store), bool(force)) as engine, open_writer(Path(store), cfg, pseudo) as writer:
         forced = set(writer.force(force))
         staging = writer.root / "staging"
         for old in staging.glob("spool-*"):
@@ -135,8 +133,10 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
             if not (refs or label_inputs or force or empty_ok):
                 raise _no_dicom(listed, report, writer.root)
             headers = engine.headers(refs, report, progress, label_inputs)
+            del refs  # the headers came back with their own copies (~200 B a file: 200 MB per million files)
             candidates = group_series(headers, time_series=cfg.time_series,
                                       duplicate_tolerance=cfg.duplicate_tolerance_mm)
+            del headers  # the candidates hold them
             plans = _plan(candidates, writer, cfg, report, forced, force_only)
             assigner = None
             if label_inputs:
@@ -215,32 +215,10 @@ def _no_dicom(sources: list, report: IngestReport, root: Path) -> NoDicomError:
                         f"written to {root})")
 
 
-class _LocalEngine:
-    """The header pass and decoding in this machine's supervised processes (see :mod:`medload.ingest.stages`)."""
-
-    def __init__(self, cfg: IngestConfig, pseudo: Pseudonymizer) -> None:
-        self.cfg = cfg
-        self.pool = IsolatedPool(cfg.worker_count, init_worker, (pseudo, cfg), memory=cfg.worker_memory,
-                                 timeout=cfg.decode_timeout)
-
-    def __enter__(self) -> _LocalEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.pool.close()
-
-    def headers(self, refs: list[SourceRef], report: IngestReport, progress: bool,
-                label_inputs: list[LabelInput]) -> list[SliceHeader]:
-        return header_pass(self.pool, refs, report, progress, label_inputs)
-
-    def write(self, plans: list[SeriesPlan], writer: StoreWriter, report: IngestReport, progress: bool,
-              labels: LabelAssigner | None) -> None:
-        decode_and_write(self.pool, writer, plans, self.cfg, report, progress, labels)
-
-
-def _engine(scheduler: str | None, cfg: IngestConfig, pseudo: Pseudonymizer, store: Path) -> _LocalEngine | DaskEngine:
+def _engine(scheduler: str | None, cfg: IngestConfig, pseudo: Pseudonymizer, store: Path,
+            forced: bool) -> LocalEngine | DaskEngine:
     if scheduler is None:
-        return _LocalEngine(cfg, pseudo)
+        return LocalEngine(cfg, pseudo, in_process=forced)
     from medload.ingest.dask_engine import DaskEngine
 
     return DaskEngine(scheduler, cfg, pseudo, store)

@@ -3,7 +3,7 @@
 Workers receive the run's pseudonymiser and settings once (:func:`init_worker`) and then only small
 task descriptions. A decode chunk covers consecutive slots of one series; it returns ready store
 values (codec payload + checksum; written into the shared-memory ring when the writer provides one),
-pre-windowed planes, per-slice digests and plausibility notes, so the single writer only has to
+pre-windowed planes, per-slice digests and plausibility notes, so the task writing the series only has to
 ``put`` bytes. Problems never escape as exceptions: they come back as :class:`Failure`. Tasks
 :func:`~medload.ingest.isolation.mark` each input they start, so the supervisor can name the input
 that crashed or hung a worker.

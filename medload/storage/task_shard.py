@@ -5,7 +5,8 @@ A task writes the series of its batch into a staging shard of its own, under the
 does; it takes no lock and never touches ``store.json``. The coordinator, the store's one writer,
 publishes the finished shard (:meth:`~medload.storage.writer.StoreWriter.adopt`). An attempt that dies
 leaves an unfinished shard in the run's directory, which is never published and is removed at the end
-of the run (or by the next ingest into the store).
+of the run (or by the next ingest into the store). An ingest on this machine's cores
+(:mod:`medload.ingest.local_engine`) uses the same shards, and publishes what a stopped task committed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from medload.storage import shard as sh
 from medload.storage.records import LabelRecord, SeriesRecord
 from medload.storage.writer import SeriesTransaction
 
-__all__ = ["TaskShardWriter"]
+__all__ = ["TaskShardWriter", "committed_series"]
 
 
 class TaskShardWriter:
@@ -35,7 +36,7 @@ class TaskShardWriter:
     def begin_series(self, key: bytes, estimated_bytes: int) -> SeriesTransaction:
         """Start the one write transaction of series ``key``."""
         if self._env is None:
-            self._env = sh.open_write_env(self.path, map_size=2 * estimated_bytes)
+            self._env = sh.open_write_env(self.path, map_size=2 * estimated_bytes + (16 << 20))  # room for the sub-databases
             self._dbs = sh.open_dbs(self._env, sh.written_db_names(self._windows), create=True)
         sh.reserve(self._env, estimated_bytes)
         return SeriesTransaction(self, key, self._env.begin(write=True))
@@ -52,3 +53,17 @@ class TaskShardWriter:
         if not self.committed:
             shutil.rmtree(self.path, ignore_errors=True)
         return bool(self.committed)
+
+
+def committed_series(path: Path) -> int:
+    """How many series a task shard holds: for the shard of a task that was stopped, those it committed
+    (each commit is synced) before it stopped."""
+    if not (path / "data.mdb").exists():
+        return 0
+    env = sh.open_read_env(path)
+    try:
+        with env.begin() as txn:
+            dbs = sh.open_dbs(env, [sh.SERIES], create=False, txn=txn)
+            return txn.stat(dbs[sh.SERIES])["entries"] if sh.SERIES in dbs else 0
+    finally:
+        env.close()

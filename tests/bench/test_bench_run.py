@@ -8,6 +8,7 @@ import json
 import pytest
 
 from medload.bench import report
+from medload.bench.ingest import WRITER
 from medload.bench.run import BenchConfig, run_bench
 from medload.errors import ConfigError
 
@@ -52,12 +53,17 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
     printed = printed_rows(text)
     tables = report.section_tables(results)
     assert [t.title.split(":")[0] for t in tables] == [
-        "Ingest", "Size on disk", "2.5D loading", "3D loading", "medload against each peer", "Scaling",
+        "Ingest", "Size on disk", "Ingest targets (issue 32), read from the rows above", "2.5D loading", "3D loading", "medload against each peer", "Scaling",
         "Loading at scale", "Scale targets, read from the rows above", "Speed targets", "Memory target", "GPU"]
     for table in tables:
         for cells, failed in zip(table.rows, table.failed):
             if not failed:  # failed rows fold their long message over lines
                 assert cells in printed, (table.title, cells)
+    ingest_rows = {r["contender"]: r for r in results["ingest"]["rows"]}
+    assert ingest_rows[WRITER]["status"] == "ok" and ingest_rows[WRITER]["files_per_s"] > 0
+    one = ingest_rows["medload ingest (1 worker)"]["files_per_s"]
+    capacity = next(t for t in results["ingest"]["targets"] if t["run"] == "writer capacity")
+    assert capacity["value"] == pytest.approx(ingest_rows[WRITER]["files_per_s"] / one)
     # ... and the cells are the dict's numbers
     for sec in results["loading"].values():
         for r in sec["rows"]:

@@ -1,0 +1,146 @@
+"""Ingest on this machine's cores: the header pass in supervised processes, series written by task processes.
+
+The header pass runs in an :class:`~medload.ingest.isolation.IsolatedPool` of ``workers`` processes.
+The planned series are then written as :mod:`medload.ingest.shard_tasks` describes, by ``workers`` task
+processes, each with one supervised decoding process of its own: a decoder
+decodes, converts to HU, windows, compresses, checksums and digests; its task process puts the values
+into a shard of its own. This process only plans, and publishes each finished shard (a rename and a
+rewrite of ``store.json``), so no single process carries every slice's bytes and the throughput grows
+with the cores (docs/benchmarks.md).
+
+Task shards live in ``staging/task-<run>-...lmdb``, where the store's writer looks for what an
+interrupted ingest left (:meth:`~medload.storage.writer.StoreWriter` publishes the series committed in
+them when it opens): after a kill -9 the next run publishes what was committed and writes the rest. When
+a run stops on an error or a signal, its task processes are stopped and the series they committed are
+published before it ends, as with one writer.
+
+``--force`` (a few series to replace) is written by this process through the store's writer, which
+records the replacement (:mod:`medload.storage.live`).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+
+import lmdb
+import numpy as np
+
+from medload.config import IngestConfig
+from medload.deid import Pseudonymizer
+from medload.errors import DiskFullError, StoreError
+from medload.ingest.discover import SourceRef
+from medload.ingest.headers import SliceHeader
+from medload.ingest.isolation import IsolatedPool, die_with_parent
+from medload.ingest.label_writer import LabelAssigner
+from medload.ingest.labels import LabelInput
+from medload.ingest.report import IngestReport
+from medload.ingest.shard_tasks import BatchResult, write_in_tasks
+from medload.ingest.stages import SeriesPlan, decode_and_write, header_pass
+from medload.ingest.worker import init_worker
+from medload.storage.codec import encode_value, get_codec
+from medload.storage.space import disk_full_is_error
+from medload.storage.task_shard import committed_series
+from medload.storage.writer import StoreWriter
+
+__all__ = ["LocalEngine"]
+
+log = logging.getLogger(__name__)
+
+_TASKS_PER_WORKER = 2  # batches per task process: enough to even out series of different sizes
+
+
+class _ProcessRunner:
+    """Series tasks in ``workers`` processes of this machine (see :class:`~medload.ingest.shard_tasks.TaskRunner`)."""
+
+    def __init__(self, workers: int) -> None:
+        # a task process dies with this one (kill -9 too): none writes on into staging/ unsupervised
+        self.executor = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=die_with_parent)
+        self.executor.submit(os.getpid).result()  # forks every worker now: with "fork", all start at the first task
+
+    def submit(self, key: str, fn: Callable[..., BatchResult], *args: object) -> Future[BatchResult]:
+        return self.executor.submit(fn, *args)
+
+    def completed(self, futures: list[Future[BatchResult]]) -> Iterable[Future[BatchResult]]:
+        return as_completed(futures)
+
+    def result(self, future: Future[BatchResult]) -> BatchResult:
+        return future.result()
+
+    def cancel(self, futures: list[Future[BatchResult]]) -> None:
+        for future in futures:
+            future.cancel()
+
+    def close(self, stopping: bool) -> None:
+        """Wait for the running tasks; ``stopping`` (a signal, an error): end them at once instead."""
+        if stopping:
+            for process in list(self.executor._processes.values()):  # no public way before Python 3.14
+                process.kill()
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+class LocalEngine:
+    """The header pass and the writing of series on this machine, for :func:`medload.ingest.ingest`."""
+
+    def __init__(self, cfg: IngestConfig, pseudo: Pseudonymizer, *, in_process: bool = False) -> None:
+        self.cfg, self.pseudo = cfg, pseudo
+        # every process is forked here, before the store is opened (py-lmdb's rule for fork), after the codec's
+        # first use: it imports blosc2 (~0.75 s), which every task's decoding process would otherwise import again
+        encode_value(np.zeros((2, 2), np.int16), get_codec(cfg.codec))
+        self.runner = None if in_process else _ProcessRunner(cfg.worker_count)
+        self.pool = IsolatedPool(cfg.worker_count, init_worker, (pseudo, cfg), memory=cfg.worker_memory,
+                                 timeout=cfg.decode_timeout)
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.pool.close()
+        finally:
+            if self.runner is not None:
+                self.runner.close(stopping=exc[0] is not None)
+
+    def headers(self, refs: list[SourceRef], report: IngestReport, progress: bool,
+                label_inputs: list[LabelInput]) -> list[SliceHeader]:
+        return header_pass(self.pool, refs, report, progress, label_inputs)
+
+    def write(self, plans: list[SeriesPlan], writer: StoreWriter, report: IngestReport, progress: bool,
+              labels: LabelAssigner | None) -> None:
+        if self.runner is None:
+            decode_and_write(self.pool, writer, plans, self.cfg, report, progress, labels)
+            return
+        if not plans:
+            return
+        self.pool.close()  # its processes are idle from here on
+        run, runner = secrets.token_hex(4), self.runner
+        self.runner = None
+        stopping = True
+        try:
+            write_in_tasks(runner, plans, writer, report, parts=_TASKS_PER_WORKER * self.cfg.worker_count,
+                           prefix=str(writer.root / "staging" / f"task-{run}-"), setup=(self.pseudo, self.cfg),
+                           progress=progress, labels=labels, name=run)
+            stopping = False
+        finally:
+            runner.close(stopping)
+            _publish_left(writer, run, labels)
+
+
+def _publish_left(writer: StoreWriter, run: str, labels: LabelAssigner | None) -> None:
+    """Publish the series that stopped tasks of run ``run`` committed; remove their empty shards."""
+    for path in sorted((writer.root / "staging").glob(f"task-{run}-*.lmdb")):
+        try:
+            with disk_full_is_error(writer.root, "publish", f"publishing {path.name}"):
+                if committed_series(path):
+                    stored = writer.adopt(path)
+                    if labels is not None:
+                        labels.stored.update(stored)
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
+        except (DiskFullError, StoreError, OSError, lmdb.Error) as exc:  # the next ingest into the store publishes it
+            log.warning("%s is left in staging for the next ingest to publish: %s", path.name, exc)

@@ -1,0 +1,148 @@
+"""Series written by tasks into shards of their own, published by the store's one writer.
+
+Both engines that write in parallel -- this machine's task processes (:mod:`medload.ingest.local_engine`)
+and a Dask cluster (:mod:`medload.ingest.dask_engine`) -- cut the planned series into batches of
+consecutive series (:func:`cut_batches`: a few per worker, at most ``shard_bytes`` of pixels each, never
+less than one series). One task per batch decodes its series in a supervised decoding process of its own
+and writes them, each in one transaction, into a staging shard of its own
+(:class:`~medload.storage.task_shard.TaskShardWriter`): no single process carries every slice's bytes.
+As each task finishes, the caller -- the store's one writer -- publishes its shard
+(:meth:`~medload.storage.writer.StoreWriter.adopt`, which refuses a shard holding a series the store
+already has, so a task that ran twice is published once). A batch whose task fails outright is reported
+``failed`` and nothing of it is stored; running the ingest again retries it. A task that meets a full disk
+stops the run with its :class:`~medload.errors.DiskFullError`.
+
+Slice bytes, records and digests equal those of one writer; only the grouping of series into shards differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from medload.config import IngestConfig
+from medload.deid import Pseudonymizer
+from medload.errors import DiskFullError
+from medload.ingest.isolation import IsolatedPool
+from medload.ingest.label_writer import LabelAssigner
+from medload.ingest.report import IngestReport, SeriesOutcome
+from medload.ingest.stages import SeriesPlan, decode_and_write
+from medload.ingest.worker import init_worker
+from medload.progress import progress_bar
+from medload.storage.records import RejectRecord
+from medload.storage.task_shard import TaskShardWriter
+from medload.storage.writer import StoreWriter
+
+__all__ = ["BatchResult", "TaskRunner", "cut_batches", "isolated_pool", "series_task", "write_in_tasks"]
+
+log = logging.getLogger(__name__)
+
+
+def cut_batches(sizes: Sequence[int], parts: int, limit: int) -> list[range]:
+    """Consecutive runs of items covering ``sizes`` in order, aiming at ``parts`` runs of equal total
+    size: each run holds one item, or items adding up to at most ``min(limit, ceil(total / parts))``."""
+    target = max(1, min(limit, -(-sum(sizes) // max(1, parts))))
+    runs, start, held = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and held + size > target:
+            runs.append(range(start, i))
+            start, held = i, 0
+        held += size
+    if start < len(sizes):
+        runs.append(range(start, len(sizes)))
+    return runs
+
+
+def isolated_pool(setup: tuple[Pseudonymizer, IngestConfig]) -> IsolatedPool:
+    """A task's one supervised decoding process (started before the task opens its shard: py-lmdb's fork rule)."""
+    pseudo, cfg = setup
+    return IsolatedPool(1, init_worker, (pseudo, cfg), memory=cfg.worker_memory, timeout=cfg.decode_timeout)
+
+
+@dataclass
+class BatchResult:
+    """What a series task did: the path of its finished shard (None if it committed nothing) and its report."""
+
+    shard: str | None
+    series: list[SeriesOutcome] = field(default_factory=list)
+    rejects: list[RejectRecord] = field(default_factory=list)
+    slices: int = 0
+
+
+def series_task(plans: list[SeriesPlan], shard_prefix: str, setup: tuple[Pseudonymizer, IngestConfig]) -> BatchResult:
+    """Decode and write ``plans`` into a new shard ``<shard_prefix>-<random>.lmdb`` (each attempt its own)."""
+    cfg = setup[1]
+    report = IngestReport(store="")
+    path = Path(f"{shard_prefix}-{secrets.token_hex(4)}.lmdb")
+    with isolated_pool(setup) as pool:
+        writer = TaskShardWriter(path, cfg.windows)
+        try:
+            decode_and_write(pool, writer, plans, cfg, report, False, None)
+        finally:
+            held = writer.close()
+    return BatchResult(str(path) if held else None, report.series, report.rejects, report.slices_written)
+
+
+class TaskRunner(Protocol):
+    """Where series tasks run: a Dask client, or this machine's task processes."""
+
+    def submit(self, key: str, fn: Callable[..., BatchResult], *args: object) -> Any: ...
+
+    def completed(self, futures: list[Any]) -> Iterable[Any]: ...
+
+    def result(self, future: Any) -> BatchResult: ...
+
+    def cancel(self, futures: list[Any]) -> None: ...
+
+
+def write_in_tasks(runner: TaskRunner, plans: list[SeriesPlan], writer: StoreWriter, report: IngestReport, *,
+                   parts: int, prefix: str, setup: object, progress: bool, labels: LabelAssigner | None,
+                   name: str = "") -> None:
+    """Write ``plans`` in about ``parts`` tasks of ``runner`` (shards named ``<prefix><batch>-...``) and
+    publish each finished shard; outcomes go to ``report`` in plan order."""
+    batches = cut_batches([_pixel_bytes(p) for p in plans], parts, writer.shard_bytes)
+    futures = {runner.submit(f"medload-series-{name}-{i}", series_task, [plans[j] for j in b], f"{prefix}{i:06d}",
+                             setup): i for i, b in enumerate(batches)}
+    results: dict[int, BatchResult] = {}
+    try:
+        total = sum(len(p.geom.slots) for p in plans)
+        with progress_bar("decoding and writing slices", total, enabled=progress) as advance:
+            for future in runner.completed(list(futures)):
+                i = futures[future]
+                batch = [plans[j] for j in batches[i]]
+                try:
+                    result = runner.result(future)
+                except DiskFullError as exc:  # stops the run, naming the store: what was published stays
+                    raise DiskFullError(str(exc), exc.stage, str(writer.root)) from None
+                except Exception as exc:  # noqa: BLE001 -- the task failed, not an input
+                    result = _failed(batch, exc)
+                if result.shard is not None:
+                    stored = writer.adopt(Path(result.shard))
+                    if labels is not None:
+                        labels.stored.update(stored)
+                results[i] = result
+                advance(sum(len(p.geom.slots) for p in batch))
+    finally:
+        runner.cancel(list(futures))
+        for i in sorted(results):  # outcomes in plan order, whatever order the tasks finished in
+            report.series += results[i].series
+            report.rejects += results[i].rejects
+            report.slices_written += results[i].slices
+
+
+def _pixel_bytes(plan: SeriesPlan) -> int:
+    h = plan.cand.first
+    return len(plan.geom.slots) * h.rows * h.cols * 2
+
+
+def _failed(batch: list[SeriesPlan], exc: BaseException) -> BatchResult:
+    reason = (f"its task failed ({type(exc).__name__}: {exc}); nothing of it was stored: run the ingest "
+              "again to retry it")
+    log.error("a task writing %d series failed: %s", len(batch), exc)
+    outcomes = [SeriesOutcome(p.cand.key.hex(), "failed", p.cand.first.modality, len(p.cand.headers),
+                              (len(p.geom.slots), p.cand.first.rows, p.cand.first.cols), reason) for p in batch]
+    return BatchResult(None, outcomes)

@@ -1,0 +1,30 @@
+"""Local ingest writes series in task processes, each into a shard of its own that the ingest publishes
+(medload.ingest.local_engine): the store's logical content does not depend on the worker count."""
+
+from __future__ import annotations
+
+from conftest import store_dump
+
+from medload.config import IngestConfig
+from medload.ingest.run import ingest
+from medload.storage.store import open_store
+from medload.storage.verify import verify_store
+from medload.synthetic import SeriesSpec, make_study
+
+
+def test_one_and_three_workers_store_the_same_content(tmp_path):
+    src = tmp_path / "src"
+    make_study(src, [SeriesSpec(n_slices=4 + i % 3, rows=32, cols=32, orientation="oblique" if i % 2 else "axial")
+                     for i in range(7)], seed=5)
+    (src / "notes.txt").write_text("not DICOM\n")
+    reports = {w: ingest(src, tmp_path / f"w{w}", config=IngestConfig(workers=w, windows=("lung",)))
+               for w in (1, 3)}
+    assert reports[1].counts == reports[3].counts and reports[1].counts["ingested"] == 7
+    assert [s.key for s in reports[1].series] == [s.key for s in reports[3].series]  # plan order, not finish order
+    assert store_dump(open_store(tmp_path / "w1")) == store_dump(open_store(tmp_path / "w3"))
+    assert len(open_store(tmp_path / "w3").manifest.shards) > 2  # written by several tasks, published apart
+    for w in (1, 3):
+        assert verify_store(tmp_path / f"w{w}").ok
+        assert not list((tmp_path / f"w{w}" / "staging").iterdir())
+    again = ingest(src, tmp_path / "w3", config=IngestConfig(workers=3, windows=("lung",)))
+    assert again.counts["present"] == 7 and again.counts["ingested"] == 0
