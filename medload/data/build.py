@@ -19,6 +19,7 @@ from medload import windows as win
 from medload.data.buckets import shape_buckets
 from medload.data.device_loader import _HALF, DeviceLoader
 from medload.data.loader_types import Augment, LoaderDataset, LoaderTuning, MPContext
+from medload.data.slot_ring import COPIES_IN_FLIGHT, SlotRing
 from medload.data.slots import (
     _pass_through,
     _Scale,
@@ -84,8 +85,9 @@ def build_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one keywo
         raise ConfigError(f"num_workers must be an integer >= 0 or \"auto\", got {num_workers!r}")
     sampler = ordered(dataset, sampler, False, None)
     prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
-    slots = slot_count(num_workers, prefetch_factor)
-    buffers = torch.empty((slots, dataset.max_batch_bytes(batch_size)), dtype=torch.uint8)
+    pinned = device.type == "cuda" and pin_memory is not False  # slots page-locked: copies from them in flight
+    slots = SlotRing(slot_count(num_workers, prefetch_factor, COPIES_IN_FLIGHT if pinned else 0))
+    buffers = torch.empty((slots.slots, dataset.max_batch_bytes(batch_size)), dtype=torch.uint8)
     control = torch.zeros(1, dtype=torch.uint8)  # [0]: a profile is running (medload.data.profile)
     if num_workers:
         buffers.share_memory_()

@@ -68,8 +68,9 @@ def make_loader(  # noqa: PLR0913 - the public keyword API of the loader, kept f
         prefetch_factor: batches each worker reads ahead (default 2).
         persistent_workers: keep the workers between epochs (default: when there are workers).
         multiprocessing_context: of the workers, as torch's DataLoader takes it (default: torch's).
-        pin_memory: copy to CUDA through pinned host buffers, asynchronously (default: on CUDA).
-        memory_budget: bytes (or ``"2GB"``) ``"auto"`` may spend on batch buffers, pinned staging and
+        pin_memory: page-lock the batch slots, so that copies to CUDA run from them asynchronously, on a
+            side stream (default: on CUDA; False: copies from pageable memory, synchronously).
+        memory_budget: bytes (or ``"2GB"``) ``"auto"`` may spend on batch slots (page-locked on CUDA) and
             the workers' L1 caches (default: a quarter of the available memory, at most 4 GB).
         window: window for HU datasets (``"soft_tissue"``, ``"350/50"``...): values map to 0..1 on the
             device. A dataset reading a stored uint8 plane (``plane=``) is scaled to 0..1 and needs none.
