@@ -176,7 +176,7 @@ class DeviceLoader:
 
     def _end_epoch(self) -> None:
         """Workers that do not persist are forked again next epoch: unlock the slots until then."""
-        if self._pinned and self._streams is not None and not self.loader.persistent_workers:
+        if self._pinned and self._streams is not None and self.loader.num_workers and not self.loader.persistent_workers:
             _unpin(self._streams, self.ring, self.buffers)
             self._pinned = False
 

@@ -26,7 +26,7 @@ import torch
 
 from medload.data.slot_ring import CopyEvent, SlotRing
 
-__all__ = ["Streams", "CudaStreams", "SideStreamFeed", "InFlight"]
+__all__ = ["Streams", "CudaStreams", "SideStreamFeed", "InFlight", "page_lock"]
 
 log = logging.getLogger(__name__)
 
@@ -83,17 +83,23 @@ class CudaStreams:
             t.record_stream(caller)
 
     def pin(self, buffers: torch.Tensor) -> bool:
-        try:
-            cudart = torch.cuda.cudart()
-            torch.cuda.check_error(cudart.cudaHostRegister(buffers.data_ptr(), buffers.numel() * buffers.element_size(), 0))
-        except (RuntimeError, AssertionError, AttributeError) as exc:
-            log.warning("could not page-lock the loader's batch slots (%s): copies to %s come from pageable memory, "
-                        "synchronously", exc, self.device)
-            return False
-        return True
+        return page_lock(buffers, self.device)
 
     def unpin(self, buffers: torch.Tensor) -> None:
         torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(buffers.data_ptr()))
+
+
+def page_lock(buffers: torch.Tensor, device: torch.device) -> bool:
+    """Page-lock ``buffers`` in place (``cudaHostRegister``), so that copies from them to ``device`` run
+    asynchronously; False, with one log line, where CUDA refuses or torch has none."""
+    try:
+        cudart = torch.cuda.cudart()
+        torch.cuda.check_error(cudart.cudaHostRegister(buffers.data_ptr(), buffers.numel() * buffers.element_size(), 0))
+    except (RuntimeError, AssertionError, AttributeError) as exc:
+        log.warning("could not page-lock the loader's batch slots (%s): copies to %s come from pageable memory, "
+                    "synchronously", exc, device)
+        return False
+    return True
 
 
 @dataclass
