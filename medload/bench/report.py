@@ -221,16 +221,6 @@ def _speed_table(targets: list[dict]) -> TableSpec:
     return t
 
 
-def _gpu_table(sec: dict) -> TableSpec:
-    if sec.get("status") != "ok":
-        return TableSpec("GPU", ["section"], [[_status(sec)]], [sec.get("status") == "failed"])
-    t = TableSpec(f"GPU ({sec['device_name']}): 2.5D batches of {sec['batch_size']}, medload loader, "
-                  f"{sec['num_workers']} workers", ["measure", "value"])
-    for m in sec["measures"]:
-        t.add([m["name"], m["text"]], failed=m.get("status") == "failed")
-    return t
-
-
 def section_tables(results: dict) -> list[TableSpec]:
     """Every table of ``results`` (the dict :func:`medload.bench.run.run_bench` returns), in print order."""
     out: list[TableSpec] = []
@@ -251,8 +241,9 @@ def section_tables(results: dict) -> list[TableSpec]:
         out.append(_speed_table(results["speed_targets"]))
     if results.get("targets"):
         out.append(_targets_table(results["targets"]))
-    if "gpu" in results:
-        out.append(_gpu_table(results["gpu"]))
+    from medload.bench.gpu_report import gpu_tables
+
+    out += gpu_tables(results)
     busy = results.get("busy") or []
     for t in out:
         if busy and any(row[-1] == "NO" for row in t.rows) and t.columns[-1] == "met":

@@ -88,11 +88,12 @@ def build_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one keywo
         raise ConfigError(f"num_workers must be an integer >= 0 or \"auto\", got {num_workers!r}")
     sampler = ordered(dataset, sampler, False, None)
     prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
-    pinned = (device.type == "cuda" or streams is not None) and pin_memory is not False  # slots page-locked: copies from them in flight
+    # page-locked slots: the device copies from them run asynchronously, so more slots hold copies in flight
+    pinned = (device.type == "cuda" or streams is not None) and pin_memory is not False
     slots = SlotRing(slot_count(num_workers, prefetch_factor, COPIES_IN_FLIGHT if pinned else 0))
     buffers = torch.empty((slots.slots, dataset.max_batch_bytes(batch_size)), dtype=torch.uint8)
     control = torch.zeros(1, dtype=torch.uint8)  # [0]: a profile is running (medload.data.profile)
-    if num_workers:
+    if num_workers or pinned:  # shared with the workers; page-aligned for cudaHostRegister
         buffers.share_memory_()
         control.share_memory_()
     window = None if window is None else win.get(window)

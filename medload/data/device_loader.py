@@ -170,7 +170,7 @@ class DeviceLoader:
             self._pinned = self._streams.pin(self.buffers)
             self._pin = self._pinned  # where it failed, once (logged) is enough
             if self._pinned:
-                weakref.finalize(self, _unpin, self._streams, self.ring, self.buffers)
+                weakref.finalize(self, _unpin, self._streams, self.ring, self.buffers).atexit = False  # exit frees all
         self._streams.start()
         return SideStreamFeed(self._streams, self.ring, self._pinned)
 
