@@ -65,13 +65,14 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
                 continue
             name = r["contender"] + (" (int16)" if r["dtype"] == "int16" and "int16" not in r["contender"] else "")
             cells = next(c for c in printed if c[:2] == [name,
-                                                        report._workers_label(r)] and len(c) == 9
+                                                        report._workers_label(r)] and len(c) == 10
                          and c[2].startswith(report.fmt_rate(r["samples_per_s"])))
             assert cells[2] == (f"{report.fmt_rate(r['samples_per_s'])} ({report.fmt_rate(r['samples_per_s_min'])}-"
                                 f"{report.fmt_rate(r['samples_per_s_max'])})")
             assert cells[3] == report.fmt_ratio(r["x_npy_memmap"]) and cells[5] == report.fmt_int(r["peak_pss_mb"])
             if r["contender"] in ("medload", "medload_uint8"):
                 assert cells[6] == report.fmt_pct(r["cache"]["l1_hit_rate"]) and r["cache"]["l1_misses"] > 0
+                assert cells[8] == report.fmt_s(r["cache"]["next_cpu_ms"]) and r["cache"]["next_cpu_ms"] > 0
                 assert r["ratios"]["monai_cache_dataset"] == pytest.approx(
                     r["samples_per_s"] / next(p["samples_per_s"] for p in sec["rows"]
                                               if p["contender"] == "monai_cache_dataset"
