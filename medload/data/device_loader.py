@@ -99,7 +99,7 @@ class DeviceLoader:
         # streams: a stand-in drives the CUDA path's ordering on the CPU (tests)
         self._streams = streams if streams is not None else CudaStreams(device) if device.type == "cuda" else None
         self._pin = self._streams is not None and pin_memory is not False
-        self._pinned = False
+        self._unlock: weakref.finalize | None = None  # unlocks the slots: at the latest when the loader goes
         self._recycler = Recycler() if device.type == "cpu" else None
         workers = loader.num_workers
         self._threads = max(1, affinity_cores() - workers) if device.type == "cpu" and workers else None
@@ -167,18 +167,21 @@ class DeviceLoader:
         if self._streams is None:
             return None
         if self._pin and not self._pinned:
-            self._pinned = self._streams.pin(self.buffers)
-            self._pin = self._pinned  # where it failed, once (logged) is enough
-            if self._pinned:
-                weakref.finalize(self, _unpin, self._streams, self.ring, self.buffers).atexit = False  # exit frees all
+            self._pin = self._streams.pin(self.buffers)  # where it failed, once (logged) is enough
+            if self._pin:
+                self._unlock = weakref.finalize(self, _unpin, self._streams, self.ring, self.buffers)
+                self._unlock.atexit = False  # the process's exit frees it all
         self._streams.start()
         return SideStreamFeed(self._streams, self.ring, self._pinned)
 
+    @property
+    def _pinned(self) -> bool:
+        return self._unlock is not None and self._unlock.alive
+
     def _end_epoch(self) -> None:
         """Workers that do not persist are forked again next epoch: unlock the slots until then."""
-        if self._pinned and self._streams is not None and self.loader.num_workers and not self.loader.persistent_workers:
-            _unpin(self._streams, self.ring, self.buffers)
-            self._pinned = False
+        if self._unlock is not None and self.loader.num_workers and not self.loader.persistent_workers:
+            self._unlock()  # once: a finalizer runs at most once
 
     def _host(self, meta: dict) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
         """The batch's image and label on the host (views of its slot), and whether the image is a float

@@ -198,3 +198,17 @@ def test_page_locking_falls_back_with_one_log_line_where_cuda_is_missing(caplog)
 def test_slot_count_adds_the_copies_in_flight():
     assert slot_count(4, 2) == 9 and slot_count(4, 2, COPIES_IN_FLIGHT) == 11 and slot_count(0, 2, 2) == 3
     assert np.all([slot_count(w, 2, 2) - slot_count(w, 2) == 2 for w in range(5)])
+
+
+def test_slots_are_unlocked_while_workers_that_do_not_persist_are_forked_again(store):
+    """Workers forked each epoch never start from a process holding the slots page-locked."""
+    ds = SliceDataset(open_store(store, "4MB"), context=1)
+    gpu = Gpu(lag=10**6)  # copies never finish by themselves: unlocking must wait for them
+    loader = build_loader(ds, 4, 2, "cpu", window="soft_tissue", streams=Streams(gpu), persistent_workers=False)
+    for _ in range(2):
+        assert len(list(loader)) == 5
+    steps = [e[0] for e in gpu.log if e[0] in ("pin", "unpin", "host waits")]
+    assert steps[0] == "pin" and steps.count("pin") == steps.count("unpin") == 2
+    first_unpin = steps.index("unpin")
+    assert "host waits" in steps[:first_unpin]  # the copies in flight were waited for before unlocking
+    assert all(loader.ring.state(s).value == "free" for s in range(loader.ring.slots))
