@@ -75,7 +75,9 @@ class DeviceLoader:
     centre; 3D: the first). With ``meta=True`` image and label are MONAI MetaTensors with the affines.
 
     ``tuning`` holds what ``num_workers="auto"`` chose and why (None otherwise); ``profiler`` is set
-    while :func:`medload.data.profile.profile` times this loader's stages.
+    while :func:`medload.data.profile.profile` times this loader's stages; ``cost`` totals the training
+    thread's wall and CPU time inside ``next()`` (:class:`~medload.data.next_cost.NextCost`). On CUDA a
+    batch handed out may still be in preparation on the device: the caller's stream waits for it there.
 
     Examples:
         >>> loader = make_loader(SliceDataset(store), batch_size=8, window="soft_tissue")

@@ -5,8 +5,12 @@ The loader is built in layers, each importing only those below it:
 - :mod:`medload.data.loader_types`: the types the layers share, below everything (``LoaderDataset``: what
   the loader needs of a dataset);
 - :mod:`medload.data.read_probe`: the profiler's read observer on the store;
+- :mod:`medload.data.slot_ring`: which slot each batch goes into, and when a slot whose device copy may
+  be in flight can be refilled;
 - :mod:`medload.data.slots`: where batches are read -- straight into slots of a shared buffer (the design
   and what it gained are told there);
+- :mod:`medload.data.side_stream` and :mod:`medload.data.next_cost`: on CUDA, the page-locked slots and
+  the side stream each batch is copied and prepared on; the training thread's time inside ``next()``;
 - :mod:`medload.data.device_loader`: the trainer's side, :class:`DeviceLoader`;
 - :mod:`medload.data.build`: :func:`~medload.data.build.build_loader`, a loader from concrete settings;
 - :mod:`medload.data.stage_times` and :mod:`medload.data.autotune`: the stage clock, and
