@@ -13,9 +13,17 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
-from monai.data import CacheDataset, LMDBDataset, PersistentDataset
+from monai.data import CacheDataset, LMDBDataset, PersistentDataset, ThreadDataLoader
 from monai.data import Dataset as MonaiDataset
-from monai.transforms import Compose, EnsureChannelFirstd, EnsureTyped, LoadImaged, MapTransform, ScaleIntensityRanged
+from monai.transforms import (
+    Compose,
+    EnsureChannelFirstd,
+    EnsureTyped,
+    LoadImaged,
+    MapTransform,
+    ScaleIntensityRanged,
+    ToDeviced,
+)
 from torch.utils.data import Dataset
 
 from medload.bench.peers import WINDOW, device_batches
@@ -24,7 +32,7 @@ if TYPE_CHECKING:
     from medload.bench.loading_data import Prepared
 
 __all__ = ["TakeSlicesd", "monai_load_dicom", "monai_cache_dataset", "monai_persistent_dataset",
-           "monai_lmdb_dataset"]
+           "monai_lmdb_dataset", "monai_gpu_cache"]
 
 
 class TakeSlicesd(MapTransform):
@@ -109,3 +117,26 @@ def monai_lmdb_dataset(prep: Prepared, batch_size: int, num_workers: int, device
     volumes = LMDBDataset(_volumes(prep), transform=Compose(_load()), cache_dir=_fresh_cache(prep, "monai_lmdb"),
                           progress=False)  # fills the cache in the constructor; readers open in each worker
     return device_batches(SamplesOfVolumes(volumes, prep), batch_size, num_workers, device)
+
+
+class _ThreadBatches:
+    """Re-iterable: the ``"image"`` of each batch of a MONAI ThreadDataLoader (already on the device)."""
+
+    def __init__(self, loader: ThreadDataLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield batch["image"]
+
+
+def monai_gpu_cache(prep: Prepared, batch_size: int, num_workers: int, device: str) -> Iterable[torch.Tensor]:
+    """MONAI's recipe for fast training on a GPU: CacheDataset whose cached transforms end with
+    ``ToDeviced`` (the volumes stay on the GPU), a ``ThreadDataLoader`` with ``num_workers=0`` that
+    cuts and windows each sample there (``num_workers`` is ignored, as the recipe sets it to 0)."""
+    volumes = CacheDataset(_volumes(prep), transform=Compose([*_load(), EnsureTyped(keys="image", track_meta=False),
+                                                              ToDeviced(keys="image", device=device)]),
+                           cache_rate=1.0, copy_cache=False, progress=False)
+    loader = ThreadDataLoader(SamplesOfVolumes(volumes, prep), batch_size=batch_size, shuffle=False,  # type: ignore[arg-type]
+                              num_workers=0)
+    return _ThreadBatches(loader)

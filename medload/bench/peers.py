@@ -235,6 +235,9 @@ class _Images:
         lookups = total["l1_hits"] + total["l1_misses"]
         total["l1_hit_rate"] = total["l1_hits"] / lookups if lookups else None
         total["l1_budget_mb"] = int(L1_BUDGET.removesuffix("MB"))
+        cost = getattr(self.loader, "cost", None)  # the training thread inside next(loader), warm-up included
+        if cost is not None:
+            total["next_ms"], total["next_cpu_ms"] = cost.wall_ms_per_batch, cost.cpu_ms_per_batch
         return total
 
 

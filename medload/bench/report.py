@@ -133,12 +133,12 @@ def _loading_table(sec: dict) -> TableSpec:
                   f"{sec['device']}; {sec['series']} series; median of {sec['repeats']} passes (min-max) of "
                   f"{sec['batches']} timed batches after {sec['warmup']} warm-up",
                   ["contender", "workers", "samples/s (min-max)", "x npy_memmap", "% of ceiling (same dtype)",
-                   "peak PSS MB", "L1 hit rate", "L3 slices read", "setup s"])
+                   "peak PSS MB", "L1 hit rate", "L3 slices read", "CPU ms in next()", "setup s"])
     capped = False
     for r in _order(sec["rows"]):
         name = display_name(r["contender"]) + (" (int16)" if r["dtype"] == "int16" and "int16" not in r["contender"] else "")
         if r["status"] != "ok":
-            t.add([name, _workers_label(r), _short(r), "", "", fmt_int(r.get("peak_pss_mb")), "", "", ""],
+            t.add([name, _workers_label(r), _short(r), "", "", fmt_int(r.get("peak_pss_mb")), "", "", "", ""],
                   failed=True)
             t.notes.append(f"{r['contender']} ({_workers_label(r)} workers): {_status(r)}")
             continue
@@ -149,11 +149,12 @@ def _loading_table(sec: dict) -> TableSpec:
                f"{fmt_rate(r['samples_per_s'])} ({fmt_rate(r['samples_per_s_min'])}-{fmt_rate(r['samples_per_s_max'])}){mark}",
                fmt_ratio(r["x_npy_memmap"]), fmt_int(r["pct_of_ceiling"]), fmt_int(r["peak_pss_mb"]),
                fmt_pct(cache.get("l1_hit_rate")) if cache else "", fmt_int(cache.get("l3_reads")) if cache else "",
-               f"{r['setup_s']:.1f}"])
+               fmt_s(cache.get("next_cpu_ms")) if cache else "", f"{r['setup_s']:.1f}"])
     if capped:
         t.notes.append(f"* some passes stopped after {sec['max_pass_s']:g} s of timed batches (fewer samples)")
     t.notes.append("L1 hit rate and L3 slices read: medload's 256 MB L1 per process, summed over the trainer and "
-                   "its DataLoader workers, over the whole run (warm-up and timed passes)")
+                   "its DataLoader workers, over the whole run (warm-up and timed passes); CPU ms in next(): the "
+                   "training thread's CPU time per medload batch inside next(loader), over the whole run")
     for note in (sec.get("note"), sec.get("monai_note")):
         if note:
             t.notes.append(note)
@@ -225,16 +226,6 @@ def _speed_table(targets: list[dict]) -> TableSpec:
     return t
 
 
-def _gpu_table(sec: dict) -> TableSpec:
-    if sec.get("status") != "ok":
-        return TableSpec("GPU", ["section"], [[_status(sec)]], [sec.get("status") == "failed"])
-    t = TableSpec(f"GPU ({sec['device_name']}): 2.5D batches of {sec['batch_size']}, medload loader, "
-                  f"{sec['num_workers']} workers", ["measure", "value"])
-    for m in sec["measures"]:
-        t.add([m["name"], m["text"]], failed=m.get("status") == "failed")
-    return t
-
-
 def section_tables(results: dict) -> list[TableSpec]:
     """Every table of ``results`` (the dict :func:`medload.bench.run.run_bench` returns), in print order."""
     out: list[TableSpec] = []
@@ -255,8 +246,9 @@ def section_tables(results: dict) -> list[TableSpec]:
         out.append(_speed_table(results["speed_targets"]))
     if results.get("targets"):
         out.append(_targets_table(results["targets"]))
-    if "gpu" in results:
-        out.append(_gpu_table(results["gpu"]))
+    from medload.bench.gpu_report import gpu_tables
+
+    out += gpu_tables(results)
     busy = results.get("busy") or []
     for t in out:
         if busy and any(row[-1] == "NO" for row in t.rows) and t.columns[-1] == "met":

@@ -16,8 +16,11 @@ Sections (each measured in this run, on this machine, against peers measured in 
   the 256 MB L1), random 2.5D samples, page cache warm and cold: medload against .npy memmaps, zarr,
   HDF5, MONAI's CacheDataset + ThreadDataLoader and nnU-Net's loader; samples/s, MB read from disk per
   sample, L1 hit rate, peak PSS (:mod:`medload.bench.scale`). Always synthetic CT, even with ``data``.
-- ``gpu`` (only with a CUDA device; otherwise reported as skipped): H2D bandwidth, GPU utilisation of
-  a UNet training step fed by the loader, BatchAugment throughput (:mod:`medload.bench.gpu`).
+- ``gpu`` (only with a CUDA device; otherwise reported as skipped): a MONAI 2D UNet (32-512 channels,
+  bf16) trained on batches of 16 x 3 x 512 x 512 from medload (with and without BatchAugment), MONAI's
+  CacheDataset, MONAI's GPU-cache recipe and per-file pydicom, page cache warm and cold: samples/s as a
+  share of the same model on a resident batch, GPU busy time, the training thread's time in ``next()``
+  (:mod:`medload.bench.gpu`).
 - ``autotune`` (only when asked for): ``make_loader(num_workers="auto")`` against a grid of workers x
   prefetch, samples/s of each (:mod:`medload.bench.autotune`).
 
@@ -99,8 +102,12 @@ class BenchConfig:
     scale_batches: int = 30
     scale_repeats: int = 3
     scale_max_pass_s: float = 10.0
-    # gpu
-    gpu_steps: int = 20
+    # gpu (medload.bench.gpu): its own synthetic series (of slices_25d x size_25d), batches, steps, workers
+    gpu_series: int = 24
+    gpu_batch_size: int = 16
+    gpu_warmup: int = 8
+    gpu_steps: int = 60
+    gpu_workers: tuple[int | str, ...] = (4, "auto")
     timeout: float = 1800.0
 
 
@@ -108,7 +115,7 @@ FULL = BenchConfig()
 QUICK = BenchConfig(series_25d=3, slices_25d=16, series_3d=2, slices_3d=36, ingest_repeats=3, ingest_warmup=0,
                     workers_3d=(2,), warmup=2, batches=8, repeats=3, max_pass_s=1.0, scaling=(1, 4), user_max_series=3,
                     scale_series=12, scale_slices=48, scale_warmup=4, scale_batches=6, scale_repeats=2,
-                    scale_max_pass_s=2.0, gpu_steps=10, timeout=300.0)
+                    scale_max_pass_s=2.0, gpu_series=16, gpu_warmup=4, gpu_steps=20, timeout=300.0)
 """``--quick``: the same contenders on less data with fewer batches, 3D at 2 workers only, no ingest warm-up
 run (the files were just written), a scale section on a store that is no larger than the L1 (a check
 that it runs, not a measurement at scale): under 5 minutes on a 2-core machine."""
@@ -224,11 +231,10 @@ class _Inputs:
 
 def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[str, ...], data: Path | None,
                   device: str, progress: bool, scale_dir: Path | None) -> None:
-    from medload.bench.targets import memory_targets, scale_targets, speed_targets
+    from medload.bench.targets import gpu_targets, memory_targets, scale_targets, speed_targets
 
     key = Path(os.environ["MEDLOAD_KEY_FILE"])
     clock = Clock(results, progress)
-    need_25d = "loading" in sections or "gpu" in sections
     if data is None:
         inputs = _synthetic_inputs(results, root, cfg, sections, progress, clock, key)
     else:
@@ -244,14 +250,11 @@ def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[s
     if "loading" in results:
         results["speed_targets"] = speed_targets(results)
     if "gpu" in sections:
-        if prep_25d is None and need_25d:
-            import torch
-
-            if torch.cuda.is_available():
-                prep_25d = guarded(inputs.prep_25d)
-                prep_25d = None if isinstance(prep_25d, dict) else prep_25d
         with clock("gpu"):
-            results["gpu"] = guarded(gpu_section, prep_25d, root / "work-gpu", cfg, device)
+            results["gpu"] = guarded(gpu_section, _gpu_data(root, cfg, data, key, prep_25d, inputs), root / "work-gpu",
+                                     cfg, device)
+        if results["gpu"].get("status") == "ok":
+            results["gpu_targets"] = gpu_targets(results["gpu"])
     if "autotune" in sections:
         from medload.bench.autotune import bench_section
 
@@ -259,6 +262,22 @@ def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[s
             results["autotune"] = guarded(bench_section, root / "dicom" if data is None else Path(data),
                                            root / "work-autotune", key_file=key, quick=results["config"]["quick"], device=device,
                                            timeout=cfg.timeout)
+
+
+def _gpu_data(root: Path, cfg: BenchConfig, data: Path | None, key: Path, prep_25d, inputs: _Inputs) -> Callable:
+    """How the GPU section gets its data: synthetic series of its own, or the user's 2.5D loading data."""
+    from medload.bench.sections import gpu_settings
+
+    if data is not None:
+        return (lambda: prep_25d) if prep_25d is not None else inputs.prep_25d
+
+    def synthetic():
+        from medload.bench.gpu import gpu_data
+
+        return gpu_data(root / "gpu", series=cfg.gpu_series, slices=cfg.slices_25d, size=cfg.size_25d,
+                        samples=gpu_settings(cfg).samples, key_file=key)
+
+    return synthetic
 
 
 def _synthetic_inputs(results: dict, root: Path, cfg: BenchConfig, sections: tuple[str, ...], progress: bool,
@@ -270,7 +289,7 @@ def _synthetic_inputs(results: dict, root: Path, cfg: BenchConfig, sections: tup
     scaling_points = [n for n in cfg.scaling if n >= 1]
     n_pool = max([cfg.series_25d, *scaling_points]) if "scaling" in sections else cfg.series_25d
     gen = []
-    if {"ingest", "loading", "gpu", "scaling", "autotune"} & set(sections):
+    if {"ingest", "loading", "scaling", "autotune"} & set(sections):
         say(progress, f"writing synthetic CT: {n_pool} series x {cfg.slices_25d} slices, "
                        f"{cfg.size_25d}x{cfg.size_25d}" + (f"; {cfg.series_3d} series x {cfg.slices_3d} slices, "
                                                            f"{cfg.size_3d}x{cfg.size_3d}"

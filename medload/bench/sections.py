@@ -3,6 +3,7 @@ measures, and returns its results as a dict; a section that breaks is reported, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from medload.bench.run import BenchConfig
 
 __all__ = ["say", "Clock", "guarded", "loading_settings", "samples_per_pass", "ingest_section", "loading_section",
-           "scaling_section", "scale_section", "gpu_section"]
+           "scaling_section", "scale_section", "gpu_settings", "gpu_section"]
 
 
 def say(progress: bool, text: str) -> None:
@@ -138,19 +139,27 @@ def scale_section(root: Path, work: Path, cfg: BenchConfig, device: str, progres
     return run_scale(root, work, settings, key_file=key, device=device, progress=progress)
 
 
-def gpu_section(prep, work: Path, cfg: BenchConfig, device: str) -> dict:
+def gpu_settings(cfg: BenchConfig):
+    """The GPU section's settings from a run's :class:`~medload.bench.run.BenchConfig`."""
+    from medload.bench.gpu import GpuSettings
+
+    return GpuSettings(batch_size=cfg.gpu_batch_size, steps=cfg.gpu_steps, warmup=cfg.gpu_warmup,
+                       workers=tuple(cfg.gpu_workers))
+
+
+def gpu_section(prep_fn: Callable[[], Prepared], work: Path, cfg: BenchConfig, device: str) -> dict:
+    """The GPU section (:mod:`medload.bench.gpu`) in a fresh process, on the data ``prep_fn`` prepares."""
     import torch
 
     if not torch.cuda.is_available():
         return {"status": "skipped", "reason": "no CUDA device (torch.cuda.is_available() is False)"}
-    if prep is None:
-        return {"status": "skipped", "reason": "needs the 2.5D data of the loading section, which was not prepared"}
+    prep = prep_fn()
     work.mkdir(parents=True, exist_ok=True)
     prep_path = work / "prepared-gpu.json"
     prep.save(prep_path)
     out = work / "gpu.json"
     spec = {"out": str(out), "prep": str(prep_path), "device": device if device.startswith("cuda") else "cuda",
-            "batch_size": cfg.batch_size, "num_workers": 2, "warmup": cfg.warmup, "steps": cfg.gpu_steps}
+            "settings": dataclasses.asdict(gpu_settings(cfg))}
     try:
         proc = subprocess.run([sys.executable, "-m", "medload.bench.gpu", "--child", json.dumps(spec)],
                               capture_output=True, text=True, timeout=cfg.timeout)

@@ -6,8 +6,8 @@ cold). A target whose row is missing has ``met`` None; a run on a busy machine s
 
 from __future__ import annotations
 
-__all__ = ["INGEST_TARGETS", "ingest_targets", "PSS_TARGET_MB", "SPEED_TARGETS", "SCALE_TARGETS", "DISK_TARGET", "memory_targets", "speed_targets",
-           "scale_targets"]
+__all__ = ["INGEST_TARGETS", "ingest_targets", "PSS_TARGET_MB", "SPEED_TARGETS", "SCALE_TARGETS", "DISK_TARGET",
+           "GPU_TARGETS", "memory_targets", "speed_targets", "scale_targets", "gpu_targets"]
 
 PSS_TARGET_MB = 1000.0
 """The memory target of the medload loader: peak PSS <= 1 GB with 2 workers and a 256 MB L1."""
@@ -27,6 +27,18 @@ SPEED_TARGETS = (
 SCALE_TARGETS = (("cold", 0, 1.5), ("cold", 2, 1.5), ("warm", 0, 1.0), ("warm", 2, 1.5))
 DISK_TARGET = 1.2
 """Bytes read from disk per cold sample, at most this many times the compressed bytes of its slices."""
+
+#: The GPU section's targets (medload.bench.gpu), each read from one row: (contender, num_workers, page cache,
+#: field, bound, what it measures, at most (else at least)). The goal is a GPU kept busy: a share of the
+#: resident-batch ceiling, a lead over the best peer, and under 1 ms of the training thread per batch.
+GPU_TARGETS = (
+    ("medload", 4, "warm", "pct_of_ceiling", 97.0, "% of the resident-batch ceiling", False),
+    ("medload", 4, "cold", "pct_of_ceiling", 92.0, "% of the resident-batch ceiling", False),
+    ("medload_augment", 4, "warm", "pct_of_ceiling", 92.0, "% of the resident-batch ceiling, with BatchAugment",
+     False),
+    ("medload", 4, "warm", "x_best_peer", 1.2, "x the best peer's samples/s", False),
+    ("medload", 4, "warm", "next_ms", 1.0, "ms of the training thread in next() per batch", True),
+)
 
 
 def _pss(run: str, r: dict) -> dict:
@@ -104,3 +116,19 @@ def ingest_targets(rows: list[dict], cores: int, writer: str) -> list[dict]:
         wanted = wanted[1:]
     return [{"run": run, "measure": measure, "value": value, "target": least,
              "met": None if value is None else value >= least} for run, measure, value, least in wanted]
+
+
+def gpu_targets(sec: dict) -> list[dict]:
+    """:data:`GPU_TARGETS` against the rows of the GPU section (device-independent: on a CPU they are just
+    figures, and are not expected to be met)."""
+    rows = {(r["contender"], r["num_workers"], r["mode"]): r for r in sec.get("rows", []) if r.get("status") == "ok"}
+    out = []
+    for name, workers, mode, field, bound, measure, at_most in GPU_TARGETS:
+        r = rows.get((name, workers, mode)) or {}
+        value = r.get(field)
+        if field == "x_best_peer" and r.get("best_peer"):
+            measure += f" ({r['best_peer']})"
+        met = None if value is None else value <= bound if at_most else value >= bound
+        out.append({"run": f"gpu, {name}, {workers} workers, page cache {mode}", "field": field, "measure": measure,
+                    "value": value, "target": bound, "met": met, "at_most": at_most})
+    return out

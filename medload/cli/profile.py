@@ -59,6 +59,10 @@ def profile_cmd(config: MedloadConfig, store: Path, config_file: Path | None, ba
         click.echo(json.dumps({**report.to_dict(), "tuning": None if tuning is None else tuning.to_dict()}, indent=2))
         return
     console.print(report.table())
+    if report.next_ms is not None:
+        wall_ms, cpu_ms = report.next_ms
+        console.print(f"the training thread spent {wall_ms:.2f} ms per batch inside next(loader), {cpu_ms:.2f} ms "
+                      "of it on the CPU", soft_wrap=True, highlight=False)
     if tuning is not None:
         console.print(f"num_workers=auto chose {tuning.reason}", soft_wrap=True, highlight=False)
     console.print(report.verdict(), soft_wrap=True, highlight=False)

@@ -18,8 +18,8 @@
 3. **Choose** (:func:`choose_settings`): the fewest workers within 10% of the best estimate (workers
    also cost memory and start-up time, which the model leaves out); prefetch
    depth 2, or 4 when first reads vary more than twofold between batches (and the dataset does not
-   fit L1); pinned staging on CUDA only. Then, within ``memory_budget``: batch slots
-   (``slot_count(n, prefetch)`` batches), pinned staging (two batches, CUDA) and one L1 cache per
+   fit L1); page-locked slots on CUDA only. Then, within ``memory_budget``: batch slots
+   (``slot_count(n, prefetch)`` batches, two more on CUDA for copies in flight) and one L1 cache per
    reading process (``store.cache.l1_bytes``) must fit -- prefetch is lowered first, then workers.
 4. **Check** (:func:`measured_rate`): a choice with workers is run for real on the same samples (the
    model knows nothing of other processes competing for memory bandwidth and caches); unless it is
@@ -41,6 +41,7 @@ from medload import windows as win
 from medload.config import affinity_cores, format_size, parse_size
 from medload.data.build import build_loader
 from medload.data.loader_types import Augment, LoaderDataset, LoaderTuning
+from medload.data.slot_ring import COPIES_IN_FLIGHT
 from medload.data.slots import slot_count
 from medload.data.stage_times import profile
 from medload.errors import ConfigError
@@ -113,8 +114,9 @@ def dataset_bytes(dataset: LoaderDataset) -> int:
 
 
 def loader_memory(num_workers: int, prefetch_factor: int, batch_bytes: int, l1_bytes: int, pinned: bool) -> int:
-    """Bytes a loader holds: its batch slots, pinned staging (two batches) and one L1 per reading process."""
-    return (slot_count(num_workers, prefetch_factor) * batch_bytes + (2 * batch_bytes if pinned else 0)
+    """Bytes a loader holds: its batch slots (with two for device copies in flight where they are page-locked)
+    and one L1 per reading process."""
+    return (slot_count(num_workers, prefetch_factor, COPIES_IN_FLIGHT if pinned else 0) * batch_bytes
             + max(num_workers, 1) * l1_bytes)
 
 
@@ -160,7 +162,7 @@ def choose_settings(costs: LoaderCosts, *, batch_bytes: int, l1_bytes: int, memo
     memory = loader_memory(workers, prefetch, batch_bytes, l1_bytes, pinned)
     chosen = f"{workers} worker{'s' if workers != 1 else ''}, prefetch {prefetch}" if workers else "no workers"
     reason = (f"{chosen}, "
-              f"{'pinned staging' if pinned else 'no pinning'} (device {device}): a batch takes "
+              f"{'page-locked slots' if pinned else 'no pinning'} (device {device}): a batch takes "
               f"{1000 * costs.steady_read:.1f} ms to read ({'median from the L1 cache: the dataset fits it; ' if costs.warm_read else 'median; '}"
               f"first reads {1000 * float(np.median(costs.read)):.1f} ms, slowest {1000 * max(costs.read):.1f} ms) and "
               f"{1000 * costs.trainer:.1f} ms on the trainer; reads {costs.cpu_share:.0%} CPU; {costs.cores} free cores; estimated "

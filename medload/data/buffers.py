@@ -1,40 +1,11 @@
-"""Buffers of the fast loader that outlive a batch: pinned host staging for CUDA copies, and recycled
-float batches on the CPU (see :mod:`medload.data.loader`)."""
+"""Buffers of the fast loader that outlive a batch: recycled float batches on the CPU (see
+:mod:`medload.data.loader`; on CUDA batches go from their page-locked slots: :mod:`medload.data.side_stream`)."""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["PinnedStaging", "Recycler"]
-
-
-class PinnedStaging:
-    """Host-to-GPU copies through page-locked buffers, so they run asynchronously.
-
-    A slot's bytes are copied (on the CPU) into the next of two pinned buffers, which is sent to the
-    GPU with ``non_blocking=True``; a buffer is refilled only after the CUDA event recorded after its
-    last copy has completed. The slot itself is free as soon as the CPU copy returns.
-    """
-
-    def __init__(self, count: int = 2) -> None:
-        self._buffers: list[torch.Tensor | None] = [None] * count
-        self._events: list = [None] * count
-        self._next = 0
-
-    def to_device(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
-        i, self._next = self._next, (self._next + 1) % len(self._buffers)
-        nbytes = host.numel() * host.element_size()
-        if self._events[i] is not None:
-            self._events[i].synchronize()
-        buffer = self._buffers[i]
-        if buffer is None or buffer.numel() < nbytes:
-            buffer = self._buffers[i] = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
-        staged = buffer[:nbytes].view(host.dtype).view(host.shape)
-        staged.copy_(host)
-        out = staged.to(device, non_blocking=True)
-        self._events[i] = torch.cuda.Event()
-        self._events[i].record()
-        return out
+__all__ = ["Recycler"]
 
 
 def _storage_users(t: torch.Tensor) -> int | None:

@@ -19,6 +19,8 @@ from medload import windows as win
 from medload.data.buckets import shape_buckets
 from medload.data.device_loader import _HALF, DeviceLoader
 from medload.data.loader_types import Augment, LoaderDataset, LoaderTuning, MPContext
+from medload.data.side_stream import Streams
+from medload.data.slot_ring import COPIES_IN_FLIGHT, SlotRing
 from medload.data.slots import (
     _pass_through,
     _Scale,
@@ -68,10 +70,12 @@ def build_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one keywo
         sampler: Iterable[int] | None = None, window: str | win.Window | None = None, drop_last: bool = False,
         augment: Augment | None = None, dtype: torch.dtype = torch.float32, prefetch_factor: int | None = None,
         persistent_workers: bool | None = None, multiprocessing_context: MPContext | None = None,
-        pin_memory: bool | None = None, meta: bool = False, tuning: LoaderTuning | None = None) -> DeviceLoader:
+        pin_memory: bool | None = None, meta: bool = False, tuning: LoaderTuning | None = None,
+        streams: Streams | None = None) -> DeviceLoader:
     """The loader over ``dataset`` with these settings (as :func:`~medload.data.make_loader`'s, but
     ``num_workers`` a number and ``sampler`` the order itself: None reads the dataset in order);
-    ``tuning``: what chose them, kept as ``loader.tuning``.
+    ``tuning``: what chose them, kept as ``loader.tuning``; ``streams``: a stand-in for CUDA's
+    (:class:`~medload.data.side_stream.Streams`) that drives the CUDA path on any device.
 
     Examples:
         >>> loader = build_loader(SliceDataset(store), 8, 0, "cpu", window="soft_tissue")
@@ -84,10 +88,12 @@ def build_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one keywo
         raise ConfigError(f"num_workers must be an integer >= 0 or \"auto\", got {num_workers!r}")
     sampler = ordered(dataset, sampler, False, None)
     prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
-    slots = slot_count(num_workers, prefetch_factor)
-    buffers = torch.empty((slots, dataset.max_batch_bytes(batch_size)), dtype=torch.uint8)
+    # page-locked slots: the device copies from them run asynchronously, so more slots hold copies in flight
+    pinned = (device.type == "cuda" or streams is not None) and pin_memory is not False
+    slots = SlotRing(slot_count(num_workers, prefetch_factor, COPIES_IN_FLIGHT if pinned else 0))
+    buffers = torch.empty((slots.slots, dataset.max_batch_bytes(batch_size)), dtype=torch.uint8)
     control = torch.zeros(1, dtype=torch.uint8)  # [0]: a profile is running (medload.data.profile)
-    if num_workers:
+    if num_workers or pinned:  # shared with the workers; page-aligned for cudaHostRegister
         buffers.share_memory_()
         control.share_memory_()
     window = None if window is None else win.get(window)
@@ -95,7 +101,7 @@ def build_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one keywo
     if bind is not None:  # BatchAugment: the device and dims of these batches, and whether they are 0..1
         augment = bind(device=device, spatial_dims=dataset.spatial_dims,
                                scaled=window is not None or dataset.plane is not None)
-    direct = num_workers == 0 and device.type == "cpu" and dtype in (torch.float32, torch.float64)
+    direct = num_workers == 0 and device.type == "cpu" and streams is None and dtype in (torch.float32, torch.float64)
     loader = torch.utils.data.DataLoader(
         _SlotDataset(dataset, buffers, control, cast_to=(dtype, _Scale(dataset.plane, window)) if direct else None),
         batch_sampler=_SlotBatchSampler(sampler, batch_size, drop_last, slots, shape_buckets(dataset),
@@ -106,4 +112,4 @@ def build_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one keywo
         multiprocessing_context=multiprocessing_context, worker_init_fn=_WorkerL1(worker_l1(dataset, num_workers)),
     )
     return DeviceLoader(loader, buffers, device, window, dtype, augment,
-                        pin_memory=pin_memory, tuning=tuning, meta=meta)
+                        pin_memory=pin_memory, tuning=tuning, meta=meta, streams=streams)

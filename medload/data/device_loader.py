@@ -2,14 +2,19 @@
 training device, as float, windowed (and augmented) there.
 
 It iterates a torch DataLoader built over the slot dataset of :mod:`medload.data.slots` (by
-:mod:`medload.data.build`): only slot numbers and small meta dicts come from the workers. On CUDA a
-batch goes through pinned staging buffers, asynchronously; on the CPU the cast and window run piece
-by piece, each piece staying in the CPU's cache, on the cores the workers leave.
+:mod:`medload.data.build`): only slot numbers and small meta dicts come from the workers. On CUDA the
+slots are page-locked once the workers have started, and each batch is copied straight from its slot
+and prepared on a side stream one batch ahead, while the model runs the previous one
+(:mod:`medload.data.side_stream`; which slot may be refilled when: :mod:`medload.data.slot_ring`). On
+the CPU the cast and window run piece by piece, each piece staying in the CPU's cache, on the cores the
+workers leave. What the training thread pays inside ``next(loader)`` is kept in ``loader.cost``
+(:mod:`medload.data.next_cost`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, cast
@@ -19,9 +24,12 @@ import torch
 from medload import windows as win
 from medload.config import affinity_cores
 from medload.data.batch_meta import as_meta_batch, sample_keys
-from medload.data.buffers import PinnedStaging, Recycler
+from medload.data.buffers import Recycler
 from medload.data.lineage import describe
 from medload.data.loader_types import Augment, LoaderTuning, StageClock
+from medload.data.next_cost import NextCost
+from medload.data.side_stream import CudaStreams, InFlight, SideStreamFeed, Streams
+from medload.data.slot_ring import SlotRing
 from medload.data.slots import _CACHED_BYTES, _Scale, _SlotBatchSampler, _SlotDataset, _views
 
 if TYPE_CHECKING:
@@ -32,6 +40,15 @@ __all__ = ["DeviceLoader"]
 
 def _no_mark(stage: str | None, meta: dict | None = None) -> None:
     """The profiler's stage clock when no profile runs: nothing."""
+
+
+_Mark = Callable[..., None]  # the stage clock's mark, or _no_mark
+
+
+def _unpin(streams: Streams, ring: SlotRing, buffers: torch.Tensor) -> None:
+    """Unlock the slots once no copy from them is in flight."""
+    ring.drain()
+    streams.unpin(buffers)
 
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -63,7 +80,9 @@ class DeviceLoader:
     centre; 3D: the first). With ``meta=True`` image and label are MONAI MetaTensors with the affines.
 
     ``tuning`` holds what ``num_workers="auto"`` chose and why (None otherwise); ``profiler`` is set
-    while :func:`medload.data.profile.profile` times this loader's stages.
+    while :func:`medload.data.profile.profile` times this loader's stages; ``cost`` totals the training
+    thread's wall and CPU time inside ``next()`` (:class:`~medload.data.next_cost.NextCost`). On CUDA a
+    batch handed out may still be in preparation on the device: the caller's stream waits for it there.
 
     Examples:
         >>> loader = make_loader(SliceDataset(store), batch_size=8, window="soft_tissue")
@@ -73,16 +92,21 @@ class DeviceLoader:
 
     def __init__(self, loader: torch.utils.data.DataLoader, buffers: torch.Tensor, device: torch.device,
                  window: win.Window | None, dtype: torch.dtype, augment: Augment | None = None, *,
-                 pin_memory: bool | None = None, tuning: LoaderTuning | None = None, meta: bool = False) -> None:
+                 pin_memory: bool | None = None, tuning: LoaderTuning | None = None, meta: bool = False,
+                 streams: Streams | None = None) -> None:
         self.loader, self.buffers, self.device, self.window, self.dtype, self.augment = (
             loader, buffers, device, window, dtype, augment)
         self.dataset = cast(_SlotDataset, loader.dataset).dataset  # make_loader builds it over a _SlotDataset
+        self.ring: SlotRing = cast(_SlotBatchSampler, loader.batch_sampler).ring
         self.meta = meta
         self.tuning = tuning
         self.profiler: StageClock | None = None  # set while medload.data.profile times this loader
+        self.cost = NextCost()  # the training thread's time inside next(loader), all epochs
         self._scale = _Scale(self.dataset.plane, window)
-        pin = device.type == "cuda" if pin_memory is None else pin_memory and device.type == "cuda"
-        self._staging = PinnedStaging() if pin else None
+        # streams: a stand-in drives the CUDA path's ordering on the CPU (tests)
+        self._streams = streams if streams is not None else CudaStreams(device) if device.type == "cuda" else None
+        self._pin = self._streams is not None and pin_memory is not False
+        self._unlock: weakref.finalize | None = None  # unlocks the slots: at the latest when the loader goes
         self._recycler = Recycler() if device.type == "cpu" else None
         workers = loader.num_workers
         self._threads = max(1, affinity_cores() - workers) if device.type == "cpu" and workers else None
@@ -116,47 +140,118 @@ class DeviceLoader:
     batch_sampler = None  # Lightning looks for one beside ``sampler``; the batching is the loader's own
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        ds = self.dataset
         mark = _no_mark if self.profiler is None else self.profiler.mark  # stage clock (medload.data.profile)
-        mark(None)
-        batches = iter(self.loader)  # starts the workers (first epoch, or every epoch if not persistent)
-        mark("start")
+        cost = self.cost
+        cost.enter()
+        try:
+            mark(None)
+            batches = iter(self.loader)  # starts the workers (first epoch, or every epoch if not persistent)
+            mark("start")
+            for out in self._ready(batches, mark, self._feed()):
+                cost.leave(batch=True)
+                try:
+                    yield out
+                finally:  # also when the caller stops early (the generator is closed at its yield)
+                    cost.enter()
+                    mark("step")
+                # hold no reference to the batch just handed out: once the caller drops it, its buffer is
+                # free for the next (medload.data.buffers.Recycler)
+                del out
+        finally:
+            self._end_epoch()
+            cost.leave(batch=False)
+
+    def _ready(self, batches: Iterator[dict], mark: _Mark, feed: SideStreamFeed | None) -> Iterator[dict]:
+        """The epoch's batches, ready to hand out: on the CPU each prepared as it arrives; with a side
+        stream, batch n is handed out once batch n + 1 has been queued behind it."""
+        queued: InFlight | None = None
         for meta in batches:
             mark("wait", meta)
-            image_view, label_view = _views(self.buffers[meta["slot"]].numpy(), meta["image_shape"], ds.dtype,
-                                            meta["label_shape"], ds.label_dtype)
-            owned = "image" in meta  # a float batch already: cast as it was read (num_workers=0, CPU)
-            image: torch.Tensor = meta["image"] if owned else torch.from_numpy(image_view)
-            if self._staging is not None:  # GPU: through pinned memory, asynchronously
-                image = self._staging.to_device(image, self.device)
-            label = None if label_view is None else self._transfer(torch.from_numpy(label_view))  # off the slot now
-            index = torch.tensor(meta["index"], dtype=torch.int64, device=self.device)
-            mark("copy")
-            out = {"image": self._to_float(image, owned), "index": index}
-            if label is not None:
-                out["label"] = label
-            mark("window")
-            if self.augment is not None:
-                out["image"], augmented = self.augment(out["image"], out.get("label"))
-                if augmented is not None:
-                    out["label"] = augmented
-                mark("augment")
-            out.update(sample_keys(ds, meta["index"]))
-            if self.meta:
-                out = as_meta_batch(out, ds)
-            try:
-                yield out
-            finally:  # also when the caller stops early (the generator is closed at its yield)
-                mark("step")
-            # hold no reference to the batch just handed out: once the caller drops it, its buffer is free
-            # for the next (medload.data.buffers.Recycler)
-            del out, image, label, meta
+            if feed is None:
+                yield self._prepare_here(meta, mark)
+                continue
+            issued = self._issue(feed, meta, mark)
+            if queued is not None:
+                yield self._finish(feed.hand_out(queued), queued.meta)
+            queued = issued
+            del meta, issued
+        if queued is not None and feed is not None:
+            yield self._finish(feed.hand_out(queued), queued.meta)
 
-    def _transfer(self, host: torch.Tensor) -> torch.Tensor:
-        """The slot's array on the device, in its stored dtype (int16/uint8), no longer using the slot."""
-        if self._staging is not None:
-            return self._staging.to_device(host, self.device)
-        return host.to(self.device, copy=True)
+    def _feed(self) -> SideStreamFeed | None:
+        """The side-stream feed of this epoch (None on the CPU); the slots are page-locked here, after the
+        workers have started, so that no worker is forked from a process holding them locked."""
+        if self._streams is None:
+            return None
+        if self._pin and not self._pinned:
+            self._pin = self._streams.pin(self.buffers)  # where it failed, once (logged) is enough
+            if self._pin:
+                self._unlock = weakref.finalize(self, _unpin, self._streams, self.ring, self.buffers)
+                self._unlock.atexit = False  # the process's exit frees it all
+        self._streams.start()
+        return SideStreamFeed(self._streams, self.ring, self._pinned)
+
+    @property
+    def _pinned(self) -> bool:
+        return self._unlock is not None and self._unlock.alive
+
+    def _end_epoch(self) -> None:
+        """Workers that do not persist are forked again next epoch: unlock the slots until then."""
+        if self._unlock is not None and self.loader.num_workers and not self.loader.persistent_workers:
+            self._unlock()  # once: a finalizer runs at most once
+
+    def _host(self, meta: dict) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        """The batch's image and label on the host (views of its slot), and whether the image is a float
+        batch already (cast as it was read: num_workers=0 on the CPU)."""
+        ds = self.dataset
+        image_view, label_view = _views(self.buffers[meta["slot"]].numpy(), meta["image_shape"], ds.dtype,
+                                        meta["label_shape"], ds.label_dtype)
+        owned = "image" in meta
+        image = meta["image"] if owned else torch.from_numpy(image_view)
+        return image, None if label_view is None else torch.from_numpy(label_view), owned
+
+    def _prepare_here(self, meta: dict, mark: _Mark) -> dict:
+        """A batch prepared on this thread, synchronously (the CPU): its slot is free on return."""
+        image, label, owned = self._host(meta)
+        label = None if label is None else label.to(self.device, copy=True)  # off the slot now
+        mark("copy")
+        out = self._prepared(image, label, meta, mark, owned)
+        self.ring.released(meta["slot"])
+        return self._finish(out, meta)
+
+    def _issue(self, feed: SideStreamFeed, meta: dict, mark: _Mark) -> InFlight:
+        """A batch queued on the side stream: copied from its slot, cast, windowed and augmented there."""
+        image, label, _ = self._host(meta)
+
+        def prepare(image: torch.Tensor, label: torch.Tensor | None) -> dict:
+            mark("copy")
+            return self._prepared(image, label, meta, mark)
+
+        return feed.issue(meta["slot"], (image, label), self._to_device, prepare, meta)
+
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """A copy of ``host`` on the device, queued without waiting where ``host`` is page-locked."""
+        return host.to(self.device, non_blocking=True, copy=True)
+
+    def _prepared(self, image: torch.Tensor, label: torch.Tensor | None, meta: dict, mark: _Mark,
+                  owned: bool = False) -> dict:
+        """The batch's tensors on the device: the image cast and windowed, augmented, and the indices."""
+        out = {"image": self._to_float(image, owned),
+               "index": torch.tensor(meta["index"], dtype=torch.int64, device=self.device)}
+        if label is not None:
+            out["label"] = label
+        mark("window")
+        if self.augment is not None:
+            out["image"], augmented = self.augment(out["image"], out.get("label"))
+            if augmented is not None:
+                out["label"] = augmented
+            mark("augment")
+        return out
+
+    def _finish(self, out: dict, meta: dict) -> dict:
+        """The host-side fields of a batch: its series keys and slices, and MetaTensors with ``meta``."""
+        out.update(sample_keys(self.dataset, meta["index"]))
+        return as_meta_batch(out, self.dataset) if self.meta else out
 
     def _to_float(self, x: torch.Tensor, owned: bool = False) -> torch.Tensor:
         """A float copy of ``x`` on the device (so the slot ``x`` may view is free), windowed in place

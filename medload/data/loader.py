@@ -5,8 +5,12 @@ The loader is built in layers, each importing only those below it:
 - :mod:`medload.data.loader_types`: the types the layers share, below everything (``LoaderDataset``: what
   the loader needs of a dataset);
 - :mod:`medload.data.read_probe`: the profiler's read observer on the store;
+- :mod:`medload.data.slot_ring`: which slot each batch goes into, and when a slot whose device copy may
+  be in flight can be refilled;
 - :mod:`medload.data.slots`: where batches are read -- straight into slots of a shared buffer (the design
   and what it gained are told there);
+- :mod:`medload.data.side_stream` and :mod:`medload.data.next_cost`: on CUDA, the page-locked slots and
+  the side stream each batch is copied and prepared on; the training thread's time inside ``next()``;
 - :mod:`medload.data.device_loader`: the trainer's side, :class:`DeviceLoader`;
 - :mod:`medload.data.build`: :func:`~medload.data.build.build_loader`, a loader from concrete settings;
 - :mod:`medload.data.stage_times` and :mod:`medload.data.autotune`: the stage clock, and
@@ -68,8 +72,9 @@ def make_loader(  # noqa: PLR0913 - the public keyword API of the loader, kept f
         prefetch_factor: batches each worker reads ahead (default 2).
         persistent_workers: keep the workers between epochs (default: when there are workers).
         multiprocessing_context: of the workers, as torch's DataLoader takes it (default: torch's).
-        pin_memory: copy to CUDA through pinned host buffers, asynchronously (default: on CUDA).
-        memory_budget: bytes (or ``"2GB"``) ``"auto"`` may spend on batch buffers, pinned staging and
+        pin_memory: page-lock the batch slots, so that copies to CUDA run from them asynchronously, on a
+            side stream (default: on CUDA; False: copies from pageable memory, synchronously).
+        memory_budget: bytes (or ``"2GB"``) ``"auto"`` may spend on batch slots (page-locked on CUDA) and
             the workers' L1 caches (default: a quarter of the available memory, at most 4 GB).
         window: window for HU datasets (``"soft_tissue"``, ``"350/50"``...): values map to 0..1 on the
             device. A dataset reading a stored uint8 plane (``plane=``) is scaled to 0..1 and needs none.

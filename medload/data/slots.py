@@ -18,7 +18,10 @@ and windowed a few samples at a time, while they are in the CPU's cache; only la
 A slot is reused ``slots`` batches later. When torch's DataLoader hands out batch n it dispatches batch
 n + num_workers * prefetch_factor (never further ahead), while the trainer copies batch n off its slot
 having finished with batch n - 1; so ``slots = num_workers * prefetch_factor + 1`` never overwrites a
-batch in use (the new batch takes batch n - 1's slot). A 2.5D int16 slot of 8 x 3 x 512 x 512 is 12.6 MB.
+batch in use (the new batch takes batch n - 1's slot). On CUDA the copy off a slot is only queued, so
+the slots hold two more batches whose copies may be in flight, and a slot is refilled only once its
+copy's event has completed (:mod:`medload.data.slot_ring`). A 2.5D int16 slot of 8 x 3 x 512 x 512 is
+12.6 MB.
 
 This module holds what runs where the batches are read (the batch sampler, the slot dataset, the
 workers' L1 budget); :mod:`medload.data.device_loader` what runs in the trainer, and
@@ -41,6 +44,7 @@ from medload.data.buffers import Recycler
 from medload.data.loader_types import LoaderDataset
 from medload.data.read_probe import timed_batch
 from medload.data.readahead import ReadAhead
+from medload.data.slot_ring import SlotRing
 from medload.errors import ConfigError
 from medload.storage.cache.lru import cap_shared
 
@@ -70,16 +74,17 @@ READ_AHEAD_BATCHES = 2
 
 class _SlotBatchSampler(torch.utils.data.Sampler):
     """Groups a sampler's indices into batches of one matrix size (:mod:`medload.data.buckets`), gives
-    each batch the next slot, round robin, and the indices of the ``depth`` batches its reader reads next.
+    each batch the next slot of ``slots`` (a :class:`~medload.data.slot_ring.SlotRing`, or a number of
+    slots), round robin, and the indices of the ``depth`` batches its reader reads next.
 
     torch's DataLoader hands batch n to worker ``n % num_workers``, so with ``lookahead = num_workers``
     (1 without workers) batches n + lookahead, n + 2 * lookahead ... are the next ones of the process that
     reads batch n: while it decodes batch n, the disk reads them (:meth:`medload.Store.prefetch`)."""
 
-    def __init__(self, sampler: Iterable[int], batch_size: int, drop_last: bool, slots: int, buckets: np.ndarray,
-                 lookahead: int = 1,
-                 depth: int | None = None) -> None:
-        self.batches, self.slots = ShapeBucketBatchSampler(sampler, buckets, batch_size, drop_last), slots
+    def __init__(self, sampler: Iterable[int], batch_size: int, drop_last: bool, slots: int | SlotRing,
+                 buckets: np.ndarray, lookahead: int = 1, depth: int | None = None) -> None:
+        self.batches = ShapeBucketBatchSampler(sampler, buckets, batch_size, drop_last)
+        self.ring = slots if isinstance(slots, SlotRing) else SlotRing(slots)
         self.lookahead, self.depth = lookahead, READ_AHEAD_BATCHES if depth is None else depth
 
     def __iter__(self) -> Iterator[_Batch]:
@@ -90,7 +95,7 @@ class _SlotBatchSampler(torch.utils.data.Sampler):
         def emit() -> _Batch:
             nonlocal n
             ahead = [(n + k, pending[k]) for k in range(self.lookahead, reach + 1, self.lookahead) if k < len(pending)]
-            batch = _Batch(pending.popleft(), n % self.slots, n, ahead)
+            batch = _Batch(pending.popleft(), self.ring.acquire(n), n, ahead)
             n += 1
             return batch
 
@@ -200,10 +205,11 @@ def _pass_through(batch: Any) -> Any:  # the meta dict of _SlotDataset.__getitem
 _CACHED_BYTES = 4 << 20
 
 
-def slot_count(num_workers: int, prefetch_factor: int) -> int:
+def slot_count(num_workers: int, prefetch_factor: int, in_flight: int = 0) -> int:
     """Slots of the shared batch buffer: every batch the DataLoader may have in flight, plus the one the
-    trainer is copying (see the module docstring)."""
-    return num_workers * prefetch_factor + 1 if num_workers else 1
+    trainer is copying, plus ``in_flight`` whose device copies may still run (page-locked slots on CUDA:
+    :data:`~medload.data.slot_ring.COPIES_IN_FLIGHT`; see the module docstring)."""
+    return (num_workers * prefetch_factor + 1 if num_workers else 1) + in_flight
 
 
 #: A dataset this many times larger than the L1 (decoded) is "far larger": see :func:`worker_l1`.

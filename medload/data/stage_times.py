@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from time import perf_counter
+from time import perf_counter, thread_time
 from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 
+from medload.data.next_cost import NextCost
 from medload.data.read_probe import stop_timing
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class Profile:
         self.started = perf_counter()
         self.stopped: float | None = None
         self._last = self.started
+        self.sync_s = self.sync_cpu_s = 0.0  # the clock's own device syncs, left out of the time inside next()
+        self.in_next: NextCost | None = None  # set by profile() when the block ends
 
     def mark(self, stage: str | None, meta: dict | None = None) -> None:
         """Charge the time since the previous mark to ``stage`` (None: to nothing, e.g. a new epoch);
@@ -57,7 +60,10 @@ class Profile:
         if self.stopped is not None:
             return
         if self._sync is not None:
+            before, cpu = perf_counter(), thread_time()
             torch.cuda.synchronize(self._sync)
+            self.sync_s += perf_counter() - before
+            self.sync_cpu_s += thread_time() - cpu
         now = perf_counter()
         if stage is not None:
             self.trainer[stage] += now - self._last
@@ -86,7 +92,9 @@ class Profile:
     def report(self) -> ProfileReport:
         """The figures so far (the wall time runs to now, or to the end of the ``with`` block)."""
         end = self.stopped if self.stopped is not None else perf_counter()
-        return ProfileReport(wall_s=end - self.started, num_workers=self.num_workers, batches=self.batches,
+        cost = self.in_next or NextCost()
+        return ProfileReport(next_batches=cost.batches, next_wall_s=cost.wall_s, next_cpu_s=cost.cpu_s,
+                             wall_s=end - self.started, num_workers=self.num_workers, batches=self.batches,
                              samples=self.samples, unprofiled=self.unprofiled, trainer=dict(self.trainer),
                              worker_stages=dict(self.worker_stages), busy=dict(sorted(self.busy.items())),
                              cpu=dict(sorted(self.cpu.items())), slices=dict(self.slices))
@@ -107,12 +115,14 @@ def profile(loader: DeviceLoader) -> Iterator[Profile]:
     """
     slots = cast("_SlotDataset", loader.loader.dataset)  # make_loader builds it over a _SlotDataset
     prof = Profile(loader.device, loader.loader.num_workers)
+    before = loader.cost.snapshot()
     loader.profiler = prof
     slots.control[0] = 1
     try:
         yield prof
     finally:
         prof.stop()
+        prof.in_next = loader.cost.since(before).less(prof.sync_s, prof.sync_cpu_s)
         loader.profiler = None
         slots.control[0] = 0
         stop_timing(slots)   # this process's observer (num_workers=0); workers take theirs off at their next batch
@@ -126,7 +136,9 @@ class ProfileReport:
     rest of ``wall_s``). ``worker_stages`` are summed over the processes that read (the trainer itself
     with ``num_workers=0``, where they are part of ``wait``); ``busy`` is each reader's total and
     ``cpu`` its CPU time (less than ``busy`` where reads wait for a disk or network; key -1: the
-    trainer process). ``slices`` counts slices served per cache tier.
+    trainer process). ``slices`` counts slices served per cache tier. ``next_wall_s`` and ``next_cpu_s``:
+    the training thread's wall and CPU time inside ``next(loader)`` over ``next_batches`` batches (the
+    profiler's own device syncs left out): what the loader costs the thread that launches the model.
 
     Examples:
         >>> rep = prof.report()                                          # doctest: +SKIP
@@ -144,6 +156,16 @@ class ProfileReport:
     busy: dict[int, float]
     cpu: dict[int, float] = field(default_factory=dict)
     slices: dict[str, int] = field(default_factory=dict)
+    next_batches: int = 0
+    next_wall_s: float = 0.0
+    next_cpu_s: float = 0.0
+
+    @property
+    def next_ms(self) -> tuple[float, float] | None:
+        """Milliseconds per batch inside ``next(loader)``: (wall, CPU); None before a batch."""
+        if not self.next_batches:
+            return None
+        return 1e3 * self.next_wall_s / self.next_batches, 1e3 * self.next_cpu_s / self.next_batches
 
     @property
     def accounted_s(self) -> float:
@@ -203,7 +225,9 @@ class ProfileReport:
                 "trainer_s": {**self.trainer, "outside": self.wall_s - self.accounted_s},
                 "worker_s": self.worker_stages, "busy_s": {str(k): v for k, v in self.busy.items()},
                 "cpu_s": {str(k): v for k, v in self.cpu.items()},
-                "slices": self.slices, "input_bound": self.input_bound, "biggest_stage": self.biggest_stage()[0],
+                "slices": self.slices, "in_next": {"batches": self.next_batches, "wall_s": self.next_wall_s,
+                                                   "cpu_s": self.next_cpu_s},
+                "input_bound": self.input_bound, "biggest_stage": self.biggest_stage()[0],
                 "verdict": self.verdict()}
 
     def table(self):
@@ -233,6 +257,10 @@ class ProfileReport:
                     style="dim")
         row(STAGE_LABELS["outside"], wall - self.accounted_s)
         row("wall time", wall, style="bold")
+        if self.next_batches:
+            table.add_section()
+            row("training thread inside next(loader)", self.next_wall_s)
+            row("  of which its CPU time", self.next_cpu_s, style="dim")
         if self.num_workers:
             capacity = self.num_workers * self.loop_s
             table.add_section()

@@ -85,6 +85,7 @@ def test_medload_counts_cache_reads_in_every_worker(prep3d: Prepared):
     stats = loader.cache_stats()
     assert stats["l1_hits"] + stats["l1_misses"] == 2 * len(prep3d.z0) * prep3d.depth
     assert stats["l1_hits"] > 0 and stats["l3_reads"] == stats["l1_misses"]
+    assert stats["next_ms"] > 0 and stats["next_cpu_ms"] > 0  # the training thread's time inside next(loader)
     assert (loader.counters[0] == 0).all() and (loader.counters[1:].sum(dim=1) > 0).all()  # the workers read
 
 

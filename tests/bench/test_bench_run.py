@@ -71,13 +71,14 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
                 continue
             name = r["contender"] + (" (int16)" if r["dtype"] == "int16" and "int16" not in r["contender"] else "")
             cells = next(c for c in printed if c[:2] == [name,
-                                                        report._workers_label(r)] and len(c) == 9
+                                                        report._workers_label(r)] and len(c) == 10
                          and c[2].startswith(report.fmt_rate(r["samples_per_s"])))
             assert cells[2] == (f"{report.fmt_rate(r['samples_per_s'])} ({report.fmt_rate(r['samples_per_s_min'])}-"
                                 f"{report.fmt_rate(r['samples_per_s_max'])})")
             assert cells[3] == report.fmt_ratio(r["x_npy_memmap"]) and cells[5] == report.fmt_int(r["peak_pss_mb"])
             if r["contender"] in ("medload", "medload_uint8"):
                 assert cells[6] == report.fmt_pct(r["cache"]["l1_hit_rate"]) and r["cache"]["l1_misses"] > 0
+                assert cells[8] == report.fmt_s(r["cache"]["next_cpu_ms"]) and r["cache"]["next_cpu_ms"] > 0
                 assert r["ratios"]["monai_cache_dataset"] == pytest.approx(
                     r["samples_per_s"] / next(p["samples_per_s"] for p in sec["rows"]
                                               if p["contender"] == "monai_cache_dataset"
@@ -218,18 +219,32 @@ def test_bad_arguments_are_refused(tmp_path):
         run_bench(device="cuda", config=TINY, progress=False)
 
 
-def test_gpu_measures_run_on_the_cpu_too(tmp_path):
-    """The GPU section's code path, on the CPU (host clocks, no H2D): it trains and augments."""
-    from medload.bench.gpu import measure
-    from medload.bench.loading_data import prepare
+def test_the_gpu_section_runs_on_the_cpu_at_a_tiny_size(tmp_path):
+    """The GPU section's code path, on the CPU (host clocks, CPU autocast): the ceiling, every contender in
+    every planned run, the ratios, the targets and the tables."""
+    from medload.bench.gpu import GpuSettings, gpu_data, measure, plan
+    from medload.bench.gpu_report import gpu_tables
+    from medload.bench.targets import GPU_TARGETS, gpu_targets
 
-    prep = prepare(tmp_path, series=1, slices=5, rows=32, cols=32, samples=8)
-    out = measure(prep, "cpu", batch_size=2, num_workers=0, warmup=1, steps=2)
-    by = {m["name"]: m for m in out["measures"]}
-    assert by["H2D bandwidth"]["status"] == "skipped"
-    assert not [m for m in out["measures"] if m.get("status") == "failed"], out["measures"]
-    assert 0 < by["GPU utilisation (busy / wall, timed steps)"]["value"] <= 1
-    assert by["samples/s on the device, with BatchAugment"]["value"] > 0
+    settings = GpuSettings(batch_size=2, steps=2, warmup=1, workers=(0, "auto"), peer_workers=0, channels=(4, 8),
+                           res_units=1)
+    prep = gpu_data(tmp_path, series=2, slices=6, size=32, samples=settings.samples, key_file=tmp_path / "bench.key")
+    sec = measure(prep, "cpu", settings)
+    rows = sec["rows"]
+    assert [(r["contender"], r["num_workers"], r["mode"]) for r in rows] == plan(settings)
+    assert {r["contender"] for r in rows} == set(settings.contenders)
+    assert not [r for r in rows if r["status"] != "ok"], rows
+    assert sec["ceiling"]["samples_per_s"] > 0
+    for r in rows:
+        assert r["pct_of_ceiling"] == pytest.approx(100 * r["samples_per_s"] / sec["ceiling"]["samples_per_s"])
+        assert 0 < r["gpu_busy"] <= 1 and r["next_ms"] > 0 and r["nvml_util"] is None
+    medload = [r for r in rows if r["contender"].startswith("medload")]
+    assert all(r["x_best_peer"] > 0 and r["best_peer"] for r in medload)
+    assert [r.get("chose") is not None for r in medload] == [w == "auto" for _, w, _ in plan(settings)[: len(medload)]]
+    targets = gpu_targets({**sec, "rows": [{**r, "num_workers": 4} if r["num_workers"] == 0 else r for r in rows]})
+    assert len(targets) == len(GPU_TARGETS) and all(t["value"] is not None for t in targets)
+    tables = gpu_tables({"gpu": sec, "gpu_targets": targets})
+    assert [t.title.split(" ")[0] for t in tables] == ["GPU", "GPU"] and len(tables[0].rows) == len(rows)
 
 
 def test_the_command_line_runs_a_section_and_writes_json_and_markdown(tmp_path):

@@ -76,7 +76,7 @@ def test_jittery_reads_prefetch_deeper_unless_memory_is_short():
 def test_pinning_only_on_cuda():
     assert not _choose(SLOW_READS).pin_memory
     cuda = _choose(SLOW_READS, device=torch.device("cuda"))
-    assert cuda.pin_memory and "pinned staging" in cuda.reason
+    assert cuda.pin_memory and "page-locked slots" in cuda.reason
     assert cuda.memory_bytes == loader_memory(cuda.num_workers, cuda.prefetch_factor, BATCH, L1, True)
 
 

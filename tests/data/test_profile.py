@@ -52,6 +52,9 @@ def test_stage_times_add_up_to_the_wall_time(sample_store, workers, device):
     assert rep.batches == 2 * len(loader) and rep.samples == 2 * 28 and rep.unprofiled == 0
     assert abs(rep.accounted_s - wall) <= 0.1 * wall, (rep.accounted_s, wall)
     assert rep.trainer["step"] > 0 and rep.trainer["window"] > 0 and rep.trainer["wait"] > 0
+    # the training thread's time inside next(loader): every batch, less than the loop, its CPU time measured
+    assert rep.next_batches == rep.batches and 0 < rep.next_wall_s < rep.accounted_s and rep.next_cpu_s > 0
+    assert rep.to_dict()["in_next"]["batches"] == rep.batches
     # each sample reads its slice and 2 neighbours (1 at either end of the series); the 28 slices come
     # from the store once per reading process, the rest from its L1 cache
     assert rep.slices["l3"] >= 28 and sum(rep.slices.values()) == 2 * (28 * 3 - 2)
