@@ -80,8 +80,9 @@ class PatchAugment:
 
     Examples:
         >>> aug = PatchAugment(rotate_deg=30, zoom=(0.7, 1.4), p=0.2, mirror=0.5)
-        >>> aug.matrix(seed=0, epoch=0, index=3, centre=np.zeros(3), shape=(96, 96, 96)).shape
-        (4, 4)
+        >>> world, grid = aug.matrix(seed=0, epoch=0, index=3, centre=np.zeros(3), shape=(96, 96, 96))
+        >>> world.shape, grid.shape
+        ((4, 4), (4, 4))
     """
 
     rotate_deg: float | Sequence[float] | Sequence[Sequence[float]] = 0.0

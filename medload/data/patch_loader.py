@@ -61,8 +61,8 @@ class _PatchBatches(torch.utils.data.Sampler):
 class _PatchCrops(torch.utils.data.Dataset):
     """What the DataLoader sees: a batch of indices in, its crops and maps out (the module docs)."""
 
-    def __init__(self, dataset: PatchDataset, augment: PatchAugment | None) -> None:
-        self.dataset, self.augment = dataset, augment
+    def __init__(self, dataset: PatchDataset, augment: PatchAugment | None, resample: bool = False) -> None:
+        self.dataset, self.augment, self.resample = dataset, augment, resample
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -103,11 +103,20 @@ class _PatchCrops(torch.utils.data.Dataset):
             image_batch[k, :s, :r, :c] = image
             if label_batch is not None and label is not None:
                 label_batch[k, :s, :r, :c] = label
-        return {"image": torch.from_numpy(image_batch),
-                "label": None if label_batch is None else torch.from_numpy(label_batch),
-                "grid": torch.from_numpy(np.stack(grids)), "v2v": torch.from_numpy(np.stack(maps)), "affine": torch.from_numpy(np.stack(affines)),
-                "centre": torch.from_numpy(np.stack(centres)), "foreground": torch.tensor(foreground),
-                "index": [int(i) for i in batch], "key": keys}
+        out: dict[str, Any] = {
+            "image": torch.from_numpy(image_batch), "label": None if label_batch is None else torch.from_numpy(label_batch),
+            "grid": torch.from_numpy(np.stack(grids)), "v2v": torch.from_numpy(np.stack(maps)),
+            "affine": torch.from_numpy(np.stack(affines)), "centre": torch.from_numpy(np.stack(centres)),
+            "foreground": torch.tensor(foreground), "index": [int(i) for i in batch], "key": keys}
+        if self.resample:  # CPU training with workers: resampled here, in parallel, not in the trainer
+            out["image"], out["label"] = resample_batch(out["image"], out["label"], out["grid"], out["v2v"], ds.patch,
+                                                        _torch_dtype(ds.label_dtype))
+        out["resampled"] = self.resample
+        return out
+
+
+def _torch_dtype(dtype: np.dtype | None) -> torch.dtype | None:
+    return None if dtype is None else torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 def _pass_through(batch: Any) -> Any:  # the dict of _PatchCrops.__getitems__, not a list of samples
@@ -134,8 +143,7 @@ class PatchLoader:
                  window: win.Window | None, dtype: torch.dtype, augment: Augment | None, meta: bool) -> None:
         self.loader, self.dataset, self.device, self.window, self.dtype = loader, dataset, device, window, dtype
         self.augment, self.meta = augment, meta
-        self._label_dtype = None if dataset.label_dtype is None else torch.from_numpy(
-            np.empty(0, dataset.label_dtype)).dtype
+        self._label_dtype = _torch_dtype(dataset.label_dtype)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -159,10 +167,12 @@ class PatchLoader:
 
     def resample(self, raw: dict[str, Any]) -> dict[str, Any]:
         """A batch as the workers send it (crops and maps) resampled, windowed and cast on the device."""
-        move = {"device": self.device, "non_blocking": self.loader.pin_memory}
-        label = None if raw["label"] is None else raw["label"].to(**move)
-        image, label = resample_batch(raw["image"].to(**move), label, raw["grid"].to(**move), raw["v2v"].to(**move),
-                                      self.dataset.patch, self._label_dtype)
+        image, label = raw["image"], raw["label"]
+        if not raw["resampled"]:
+            move = {"device": self.device, "non_blocking": self.loader.pin_memory}
+            label = None if label is None else label.to(**move)
+            image, label = resample_batch(image.to(**move), label, raw["grid"].to(**move), raw["v2v"].to(**move),
+                                          self.dataset.patch, self._label_dtype)
         if self.window is not None:
             lo, hi = self.window.bounds
             image.sub_(lo).mul_(1.0 / (hi - lo)).clamp_(0.0, 1.0)
@@ -206,7 +216,7 @@ def build_patch_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one
     if bind is not None:  # BatchAugment: the device and dims of these batches, and whether they are 0..1
         after = bind(device=device, spatial_dims=3, scaled=window is not None)
     loader = torch.utils.data.DataLoader(
-        _PatchCrops(dataset, spatial), batch_sampler=_PatchBatches(dataset, sampler, batch_size, drop_last),
+        _PatchCrops(dataset, spatial, resample=device.type == "cpu" and num_workers > 0), batch_sampler=_PatchBatches(dataset, sampler, batch_size, drop_last),
         num_workers=num_workers, collate_fn=_pass_through, prefetch_factor=prefetch_factor if num_workers else None,
         persistent_workers=(num_workers > 0) if persistent_workers is None else persistent_workers,
         multiprocessing_context=multiprocessing_context,

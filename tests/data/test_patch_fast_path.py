@@ -151,3 +151,13 @@ def test_settings_the_patch_loader_refuses(store):
         PatchAugment(zoom=(1.2, 0.8))
     with pytest.raises(ConfigError, match="rotate_deg"):
         PatchAugment(rotate_deg=(10, 20))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the resampling on the GPU")
+def test_on_cuda_the_batches_equal_the_cpu_ones(store):
+    ds = PatchDataset(store, PATCH, (2.1, 1.13, 0.97), samples_per_epoch=8, seed=9)
+    aug = PatchAugment(rotate_deg=30, zoom=(0.8, 1.2), translate_mm=5, mirror=0.5)
+    for a, b in zip(_batches(ds, augment=aug), _batches(ds, augment=aug, device="cuda", num_workers=2)):
+        assert b["image"].is_cuda and b["label"].is_cuda
+        np.testing.assert_allclose(b["image"].cpu().numpy(), a["image"].numpy(), atol=0.01, rtol=0)
+        assert torch.equal(b["label"].cpu(), a["label"]) and torch.equal(b["affine"], a["affine"])
