@@ -93,12 +93,13 @@ class Decoded(ReadObserver):
 
 
 def observed(ds: PatchDataset, fast: bool) -> tuple[Decoded, float]:
-    """What the store read and decoded for every patch of ``ds`` (0 workers), and the seconds it took."""
+    """What the store read and decoded for every patch of ``ds`` (0 workers), and the seconds it took: all
+    of ``ds[i]``, or the fast path's read side (the crops a worker sends, before the device resamples)."""
     seen = ds.store.observe(Decoded())
     start = time.perf_counter()
     try:
         if fast:
-            for _ in make_loader(ds, batch_size=2):
+            for _ in make_loader(ds, batch_size=2).loader:  # the torch DataLoader of crops
                 pass
         else:
             for i in range(len(ds)):
@@ -110,7 +111,7 @@ def observed(ds: PatchDataset, fast: bool) -> tuple[Decoded, float]:
 
 def amplification(ds: PatchDataset, rows: int, columns: int) -> None:
     voxels = len(ds) * float(np.prod(PATCH))
-    for name, fast in (("ds[i]", False), ("fast path", True)):
+    for name, fast in (("ds[i]", False), ("fast path, read side", True)):
         seen, seconds = observed(ds, fast)
         # image int16 and label uint8 slices: the observer sees both (about as many of each; a foreground
         # centre reads one label slice more); decoded bytes are whole slices

@@ -10,7 +10,8 @@ coordinates of the padded box (:func:`~medload.data.resample.grid_matrix`), and 
 :func:`resample_batch` then does for the whole batch what :mod:`medload.data.resample` does for one
 sample, with the same arithmetic in the same order: the image by one trilinear ``grid_sample`` in float32
 (less -1024, so the zero padding is air); the label by nearest neighbour, its float64 index rounded half
-to even and gathered (``numpy.rint`` and fancy indexing in ``ds[i]``). A gather rather than
+to even and gathered (``numpy.rint`` and fancy indexing in ``ds[i]``; on a CPU device that function itself,
+:func:`~medload.data.resample.sample_nearest`, per sample). A gather rather than
 ``grid_sample(mode="nearest")``: that re-derives the index from normalised float coordinates, and where a
 point lies exactly halfway between two voxels -- a 2.1 mm grid over 3 mm slices has such points -- it
 may round the other way than ``ds[i]``; labels are copied, so they are equal to ``ds[i]``'s bit for bit.
@@ -20,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from medload.data.resample import HU_PAD
+from medload.data.resample import HU_PAD, sample_nearest
 
-__all__ = ["resample_batch", "coordinates"]
+__all__ = ["resample_batch", "coordinates", "gather_nearest"]
 
 
 def coordinates(m: torch.Tensor, shape: Sequence[int], k: int, dtype: torch.dtype) -> torch.Tensor:
@@ -53,6 +55,18 @@ def resample_batch(image: torch.Tensor, label: torch.Tensor | None, grid: torch.
         out += pad
     if label is None:
         return out, None
+    if label.device.type == "cpu":  # numpy's fancy indexing, per sample, is several times quicker on a CPU
+        nearest = torch.from_numpy(np.stack([sample_nearest(label[k].numpy(), index[k].numpy(), shape)
+                                             for k in range(label.shape[0])]))
+    else:
+        nearest = gather_nearest(label, index, shape)
+    return out, nearest[:, None].to(label_dtype or label.dtype)
+
+
+def gather_nearest(label: torch.Tensor, index: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """``(B, D, H, W)``: the voxel of each crop ``label`` ``(B, S, R, C)`` nearest to each point of the grid
+    ``shape`` that ``index`` ``(B, 4, 4)`` maps into it (its float64 index rounded half to even), 0 outside:
+    :func:`~medload.data.resample.sample_nearest`, batched, in torch."""
     b = label.shape[0]
     flat = torch.zeros((b, *(int(n) for n in shape)), dtype=torch.int64, device=label.device)
     inside = torch.ones_like(flat, dtype=torch.bool)
@@ -61,5 +75,4 @@ def resample_batch(image: torch.Tensor, label: torch.Tensor | None, grid: torch.
         inside &= (at >= 0) & (at < size)
         flat = flat * size + at
     values = label.reshape(b, -1).gather(1, torch.where(inside, flat, 0).reshape(b, -1)).reshape(flat.shape)
-    nearest = torch.where(inside, values, torch.zeros((), dtype=values.dtype, device=values.device))
-    return out, nearest[:, None].to(label_dtype or label.dtype)
+    return torch.where(inside, values, torch.zeros((), dtype=values.dtype, device=values.device))

@@ -14,8 +14,9 @@ import torch
 from helpers.patch_store import make_patch_store
 
 from medload.data import AugmentConfig, BatchAugment, PatchAugment, PatchDataset, make_loader
+from medload.data.patch_device import gather_nearest
 from medload.data.patch_geometry import source_box, voxel_to_voxel
-from medload.data.resample import sample_linear, sample_nearest
+from medload.data.resample import sample_linear, sample_nearest, source_points
 from medload.errors import ConfigError
 from medload.storage.observe import ReadObserver
 from medload.storage.store import open_store
@@ -151,6 +152,23 @@ def test_settings_the_patch_loader_refuses(store):
         PatchAugment(zoom=(1.2, 0.8))
     with pytest.raises(ConfigError, match="rotate_deg"):
         PatchAugment(rotate_deg=(10, 20))
+
+
+@pytest.mark.parametrize(("orientation", "spacing"), GRIDS)
+def test_the_torch_gather_of_labels_a_gpu_runs_equals_the_numpy_one(store, orientation, spacing):
+    """On a CPU device labels go through ``sample_nearest`` (numpy); on a GPU through ``gather_nearest``
+    (torch), here run on the CPU: equal bit for bit, on grids where points lie exactly halfway between
+    two slices (2.1 mm over 3 mm slices)."""
+    ds = PatchDataset(store, PATCH, spacing, orientation, samples_per_epoch=24, seed=3)
+    ties = 0
+    for raw in make_loader(ds, batch_size=4).loader:  # the crops, before the device's resampling
+        torch_labels = gather_nearest(raw["label"], raw["v2v"], PATCH)
+        for k in range(len(raw["index"])):
+            expected = sample_nearest(raw["label"][k].numpy(), raw["v2v"][k].numpy(), PATCH)
+            assert np.array_equal(torch_labels[k].numpy(), expected)
+            points = source_points(raw["v2v"][k].numpy(), PATCH)
+            ties += int((points - np.floor(points) == 0.5).any(axis=-1).sum())
+    assert ties > 0 or orientation != "RAS"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the resampling on the GPU")
