@@ -12,6 +12,11 @@ those bytes is decoded. ``--size 512`` adds, measured through ``Store.observe`` 
 (compressed) and decoded bytes per patch voxel, ds[i] and fast path, the seconds spent decoding per patch
 and the share of the decoded pixels inside the patch's rows and columns -- what in-plane tiles could save.
 
+Measured with ``--size 512 --slices 100 --patches 32 --l1 0`` (same shared machine): ds[i] 3.7 / 5.8 patches/s
+at 0 / 2 workers, fast path (resampled on the CPU) 4.0 / 5.1; 13.4 bytes stored and 44.6 decoded per patch
+voxel either way, 13% of the decoded pixels in the patch's rows and columns; decoding 30 of 274 ms per
+patch for ds[i], 24 of 41 ms for the fast path's read side (docs/training.md, "3D patches").
+
 Measured with ``--patches 128 --l1 0`` on a 2-core machine shared with other jobs (rates varied 2x between
 runs): 8-19 patches/s with 0 workers, 17-29 with 2; 9.8 MB read per patch, 11.0 bytes per patch voxel, of
 which the rows and columns the patch reaches hold 4.8 (whole-slice reads: 2.3x; the rest is the series
