@@ -106,6 +106,15 @@ def test_a_90_degree_turn_about_z_in_mm_turns_the_patch_on_its_own_grid(store):
                                    atol=1e-12)
 
 
+def test_a_patch_shifted_wholly_outside_its_series_is_air_and_background(store):
+    ds = PatchDataset(store, PATCH, (2.1, 1.13, 0.97), samples_per_epoch=3, seed=2)
+    away = PatchAugment(translate_mm=((0, 0), (0, 0), (900, 900)))  # 900 mm to the right of every series
+    (batch,) = _batches(ds, augment=away)
+    assert torch.equal(batch["image"], torch.full_like(batch["image"], -1024.0))
+    assert not batch["label"].any()
+    np.testing.assert_allclose(batch["affine"][:, 0, 3] - _batches(ds)[0]["affine"][:, 0, 3], 900.0)
+
+
 class _Reads(ReadObserver):
     def __init__(self) -> None:
         self.calls: list[int] = []
