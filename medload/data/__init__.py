@@ -15,6 +15,7 @@ from medload.data.distributed import (
 )
 from medload.data.inference import predict_series, target_grid
 from medload.data.loader import DeviceLoader, make_loader
+from medload.data.patch_augment import PatchAugment
 from medload.data.patches import PatchDataset
 from medload.data.samplers import ForegroundSampler, SeriesGroupedSampler, UniformSampler
 from medload.data.splits import PatientSplit, split_patients
@@ -33,4 +34,4 @@ def __getattr__(name: str) -> Any:
 __all__ = ["SliceDataset", "SlabDataset", "make_loader", "DeviceLoader", "MedloadReader", "AugmentConfig",
            "BatchAugment", "UniformSampler", "ForegroundSampler", "SeriesGroupedSampler", "DistributedPatientSampler",
            "partition_by_patient", "assign_ranks", "locality_order", "shards_for_rank", "sample_layout",
-           "PatientSplit", "split_patients", "PatchDataset", "predict_series", "target_grid"]
+           "PatientSplit", "split_patients", "PatchDataset", "PatchAugment", "predict_series", "target_grid"]

@@ -18,7 +18,7 @@ import torch
 
 from medload.data.loader_types import LoaderDataset
 
-__all__ = ["sample_keys", "as_meta_batch"]
+__all__ = ["sample_keys", "as_meta_batch", "meta_batch"]
 
 
 def sample_keys(dataset: LoaderDataset, indices: Sequence[int]) -> dict[str, Any]:
@@ -31,20 +31,25 @@ def sample_keys(dataset: LoaderDataset, indices: Sequence[int]) -> dict[str, Any
 
 def as_meta_batch(batch: dict, dataset: LoaderDataset) -> dict:
     """``batch`` with its image and label as batched MetaTensors carrying each sample's affine."""
+    idx = batch["index"].tolist()
+    affine = torch.from_numpy(np.stack([dataset.item_affine(i) for i in idx]))
+    return meta_batch(batch, affine, [dataset.sample_meta(i) for i in idx])
+
+
+def meta_batch(batch: dict, affine: torch.Tensor, metas: Sequence[dict]) -> dict:
+    """``batch`` with its image and label as batched MetaTensors: sample ``k`` with ``affine[k]`` (``(B, 4,
+    4)``, index to RAS mm) and the metadata ``metas[k]``."""
     from monai.data import MetaTensor
     from monai.utils import MetaKeys, SpaceKeys
 
-    idx = batch["index"].tolist()
-    affine = torch.from_numpy(np.stack([dataset.item_affine(i) for i in idx]))
-    metas = [dataset.sample_meta(i) for i in idx]
     meta = {k: [m[k] for m in metas] for k in metas[0]}
-    meta[MetaKeys.SPACE] = [SpaceKeys.RAS] * len(idx)
+    meta[MetaKeys.SPACE] = [SpaceKeys.RAS] * len(metas)
     out = dict(batch)
     for name in ("image", "label"):
         if name in batch:
             spatial = tuple(batch[name].shape[2:])
             tensor = MetaTensor(batch[name], affine=affine.to(batch[name].device), meta=dict(meta))
-            tensor.meta[MetaKeys.SPATIAL_SHAPE] = [np.asarray(spatial)] * len(idx)
+            tensor.meta[MetaKeys.SPATIAL_SHAPE] = [np.asarray(spatial)] * len(metas)
             tensor.meta[MetaKeys.ORIGINAL_AFFINE] = list(affine.clone())
             tensor.is_batch = True
             out[name] = tensor

@@ -15,6 +15,9 @@ The loader is built in layers, each importing only those below it:
 - :mod:`medload.data.build`: :func:`~medload.data.build.build_loader`, a loader from concrete settings;
 - :mod:`medload.data.stage_times` and :mod:`medload.data.autotune`: the stage clock, and
   ``num_workers="auto"``, which measures through ``build_loader``;
+- :mod:`medload.data.patch_loader`: 3D patches (a :class:`~medload.data.PatchDataset`), a loader of their own
+  over :mod:`medload.data.patch_reads` (the crops the workers read) and :mod:`medload.data.patch_device`
+  (their resampling on the device);
 - here, :func:`make_loader`: its keywords and a :class:`~medload.config.LoaderConfig` resolved into
   concrete settings, ``"auto"`` tuned, then ``build_loader``;
 - :mod:`medload.data.profile`: ``profile_training``, above it all.
@@ -23,7 +26,7 @@ The loader is built in layers, each importing only those below it:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -33,6 +36,9 @@ from medload.data.autotune import tune_loader
 from medload.data.build import build_loader, check_settings, ordered
 from medload.data.device_loader import DeviceLoader
 from medload.data.loader_types import Augment, LoaderDataset, MPContext
+from medload.data.patch_augment import PatchAugment
+from medload.data.patch_loader import PatchLoader, build_patch_loader
+from medload.data.patches import PatchDataset
 from medload.data.slots import READ_AHEAD_BATCHES, slot_count, worker_l1
 from medload.data.slots import _Batch as _Batch  # the old import path of the batch type (tests)
 from medload.data.slots import _SlotBatchSampler as _SlotBatchSampler  # and of the batch sampler
@@ -42,7 +48,21 @@ from medload.errors import ConfigError
 __all__ = ["make_loader", "DeviceLoader", "loader_settings", "slot_count", "worker_l1", "READ_AHEAD_BATCHES"]
 
 
-def make_loader(  # noqa: PLR0913 - the public keyword API of the loader, kept for compatibility
+@overload
+def make_loader(  # noqa: PLR0913 - as below
+        dataset: PatchDataset, batch_size: int | FromConfig = FROM_CONFIG,
+        num_workers: int | str | FromConfig = FROM_CONFIG, device: str | torch.device = "cpu", *,
+        window: str | win.Window | None | FromConfig = FROM_CONFIG, shuffle: bool = False,
+        sampler: Iterable[int] | None = None, drop_last: bool | FromConfig = FROM_CONFIG, seed: int | None = None,
+        augment: Augment | PatchAugment | None = None, dtype: torch.dtype | FromConfig = FROM_CONFIG,
+        prefetch_factor: int | None | FromConfig = FROM_CONFIG, persistent_workers: bool | None | FromConfig = FROM_CONFIG,
+        multiprocessing_context: MPContext | None | FromConfig = FROM_CONFIG,
+        pin_memory: bool | None | FromConfig = FROM_CONFIG, memory_budget: int | str | None | FromConfig = FROM_CONFIG,
+        meta: bool | FromConfig = FROM_CONFIG, config: LoaderConfig | None = None) -> PatchLoader: ...
+
+
+@overload
+def make_loader(  # noqa: PLR0913 - as below
         dataset: LoaderDataset, batch_size: int | FromConfig = FROM_CONFIG,
         num_workers: int | str | FromConfig = FROM_CONFIG, device: str | torch.device = "cpu", *,
         window: str | win.Window | None | FromConfig = FROM_CONFIG, shuffle: bool = False,
@@ -51,8 +71,23 @@ def make_loader(  # noqa: PLR0913 - the public keyword API of the loader, kept f
         prefetch_factor: int | None | FromConfig = FROM_CONFIG, persistent_workers: bool | None | FromConfig = FROM_CONFIG,
         multiprocessing_context: MPContext | None | FromConfig = FROM_CONFIG,
         pin_memory: bool | None | FromConfig = FROM_CONFIG, memory_budget: int | str | None | FromConfig = FROM_CONFIG,
-        meta: bool | FromConfig = FROM_CONFIG, config: LoaderConfig | None = None) -> DeviceLoader:
-    """A loader of windowed float batches on ``device`` from a :class:`SliceDataset`/:class:`SlabDataset`.
+        meta: bool | FromConfig = FROM_CONFIG, config: LoaderConfig | None = None) -> DeviceLoader: ...
+
+
+def make_loader(  # noqa: PLR0913 - the public keyword API of the loader, kept for compatibility
+        dataset: LoaderDataset | PatchDataset, batch_size: int | FromConfig = FROM_CONFIG,
+        num_workers: int | str | FromConfig = FROM_CONFIG, device: str | torch.device = "cpu", *,
+        window: str | win.Window | None | FromConfig = FROM_CONFIG, shuffle: bool = False,
+        sampler: Iterable[int] | None = None, drop_last: bool | FromConfig = FROM_CONFIG, seed: int | None = None,
+        augment: Augment | PatchAugment | None = None, dtype: torch.dtype | FromConfig = FROM_CONFIG,
+        prefetch_factor: int | None | FromConfig = FROM_CONFIG, persistent_workers: bool | None | FromConfig = FROM_CONFIG,
+        multiprocessing_context: MPContext | None | FromConfig = FROM_CONFIG,
+        pin_memory: bool | None | FromConfig = FROM_CONFIG, memory_budget: int | str | None | FromConfig = FROM_CONFIG,
+        meta: bool | FromConfig = FROM_CONFIG, config: LoaderConfig | None = None) -> DeviceLoader | PatchLoader:
+    """A loader of windowed float batches on ``device`` from a :class:`SliceDataset`/:class:`SlabDataset`,
+    or of 3D patches from a :class:`PatchDataset` (:mod:`medload.data.patch_loader`: crops read by the
+    workers, resampled a batch at a time on ``device``; ``augment`` may be a
+    :class:`~medload.data.patch_augment.PatchAugment`, applied in that resampling).
 
     Each setting is the keyword given, else ``config``'s (a :class:`~medload.config.LoaderConfig`, e.g. the
     ``[loader]`` table of a config file), else its default below: an explicit keyword wins over the config.
@@ -107,6 +142,13 @@ def make_loader(  # noqa: PLR0913 - the public keyword API of the loader, kept f
                         multiprocessing_context=multiprocessing_context, pin_memory=pin_memory,
                         memory_budget=memory_budget, meta=meta)
     device = checked_device(device)  # a GPU this machine lacks fails here, not at the first batch
+    if isinstance(dataset, PatchDataset):  # 3D patches: crops read, resampled on the device (patch_loader)
+        s.pop("memory_budget")
+        return build_patch_loader(dataset, device=device, sampler=ordered(dataset, sampler, shuffle, seed),
+                                  augment=augment, **s)
+    if isinstance(augment, PatchAugment):
+        raise ConfigError("PatchAugment resamples 3D patches: give it to make_loader over a PatchDataset, or use "
+                          "BatchAugment here")
     check_settings(dataset, s["window"], s["dtype"], augment)
     order = ordered(dataset, sampler, shuffle, seed)
     tuning, budget = None, s.pop("memory_budget")

@@ -14,9 +14,11 @@ per-slice class counts stored at ingest pick the voxel's slice and its rank on t
 :meth:`PatchDataset.centre` reads that one label slice to place it. Series without labels always get
 uniform centres.
 
-**The read**: one range read of the slices the patch's extent reaches (``store.read(key, z0, z1)``, plus
-the label's), then trilinear resampling of the image (float32 HU, -1024 outside the volume) and nearest
-neighbour of the label (0 outside) -- :mod:`medload.data.resample`.
+**The read**: one range read of the slices the patch's extent reaches, plus the label's, cropped to the
+rows and columns it reaches as they are decoded (:mod:`medload.data.patch_reads`), then trilinear
+resampling of the image (float32 HU, -1024 outside the volume) and nearest neighbour of the label (0
+outside) -- :mod:`medload.data.resample`. ``make_loader`` over a PatchDataset reads the same boxes in its
+workers and resamples whole batches on the training device instead (:mod:`medload.data.patch_loader`).
 
 Equal to MONAI's ``SpatialResample`` of the exported NIfTI onto the patch's affine (tests/data/test_patches.py).
 """
@@ -41,6 +43,7 @@ from medload.data.patch_geometry import (
     source_box,
     voxel_to_voxel,
 )
+from medload.data.patch_reads import read_box
 from medload.data.resample import HU_PAD, sample_linear, sample_nearest
 from medload.data.samplers import _int, _rng
 from medload.errors import ConfigError, StoreError
@@ -202,8 +205,12 @@ class PatchDataset(torch.utils.data.Dataset):
 
     def item_affine(self, i: int) -> np.ndarray:
         """Sample ``i``'s affine: patch index ``(d, h, w)`` to RAS mm."""
+        return self.locate(i)[2]
+
+    def locate(self, i: int) -> tuple[np.ndarray, PatchDraw, np.ndarray]:
+        """Sample ``i``'s centre (RAS mm), draw and affine (patch index ``(d, h, w)`` to RAS mm)."""
         centre, d = self.centre(i)
-        return self._affine(self._records[d.series], centre)
+        return centre, d, self._affine(self._records[d.series], centre)
 
     def _affine(self, rec: SeriesRecord, centre: np.ndarray) -> np.ndarray:
         directions = native_directions(rec.affine) if self._directions is None else self._directions
@@ -219,13 +226,11 @@ class PatchDataset(torch.utils.data.Dataset):
         if box is None:  # wholly outside the series: only padding
             image = torch.full(self.patch, HU_PAD, dtype=torch.float32)
             return image, (np.zeros(self.patch, self.label_dtype) if self.labels else None)
-        (z0, r0, c0), (z1, r1, c1) = box
-        image = sample_linear(self.store.read(rec.key, int(z0), int(z1))[:, r0:r1, c0:c1], v2v, self.patch, box[0])
-        label = None
-        if self.labels:
-            stored = self.store.read_label(rec.key, int(z0), int(z1))[:, r0:r1, c0:c1]
-            label = sample_nearest(stored, v2v, self.patch, box[0]).astype(self.label_dtype, copy=False)
-        return image, label
+        stored, stored_label = read_box(self.store, rec.key, box, self.labels)
+        image = sample_linear(stored, v2v, self.patch, box[0])
+        if stored_label is None:
+            return image, None
+        return image, sample_nearest(stored_label, v2v, self.patch, box[0]).astype(self.label_dtype, copy=False)
 
     def __getitem__(self, i: int) -> dict:
         from monai.data import MetaTensor
@@ -233,9 +238,8 @@ class PatchDataset(torch.utils.data.Dataset):
         if not -len(self) <= i < len(self):
             raise IndexError(f"sample {i} of a dataset of {len(self)}")
         i = int(i) % len(self)
-        centre, d = self.centre(i)
+        centre, d, affine = self.locate(i)
         rec = self._records[d.series]
-        affine = self._affine(rec, centre)
         image, label = self.read_patch(rec, affine)
         meta = {"medload_key": rec.key, "filename_or_obj": f"{rec.key}_patch{i:06d}"}
         out: dict[str, Any] = {"image": MetaTensor(image[None], affine=torch.from_numpy(affine), meta=dict(meta))}

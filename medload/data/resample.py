@@ -22,7 +22,7 @@ import torch
 
 from medload.data.patch_geometry import source_box
 
-__all__ = ["source_points", "sample_linear", "sample_nearest", "resample_volume", "HU_PAD"]
+__all__ = ["source_points", "grid_matrix", "sample_linear", "sample_nearest", "resample_volume", "HU_PAD"]
 
 HU_PAD = -1024.0
 """What an image is padded with outside its volume: air, the lowest HU a CT stores."""
@@ -48,6 +48,16 @@ def _shifted(v2v: np.ndarray, offset: npt.ArrayLike) -> np.ndarray:
     return m
 
 
+def grid_matrix(v2v: np.ndarray, source_shape: Sequence[int], offset: npt.ArrayLike = (0, 0, 0)) -> np.ndarray:
+    """4x4: output index ``(d, h, w)`` to ``grid_sample``'s normalised coordinates ``(x, y, z)`` (column
+    first, ``(2 * index + 1) / size - 1``) in the block ``source_shape`` ``(S, R, C)`` of the source from
+    voxel ``offset``."""
+    size = np.asarray(source_shape, dtype=np.float64)[::-1]
+    normalise = np.diag([*(2 / size), 1.0])
+    normalise[:3, 3] = 1 / size - 1
+    return normalise @ _shifted(v2v, offset)[[2, 1, 0, 3]]
+
+
 def sample_linear(volume: np.ndarray | torch.Tensor, v2v: np.ndarray, shape: Sequence[int],
                   offset: npt.ArrayLike = (0, 0, 0), pad: float = HU_PAD) -> torch.Tensor:
     """Trilinear samples of ``volume`` (``(S, R, C)`` or channels first ``(K, S, R, C)``, any numeric dtype;
@@ -58,11 +68,7 @@ def sample_linear(volume: np.ndarray | torch.Tensor, v2v: np.ndarray, shape: Seq
     v = v[None] if lone else v
     if pad:
         v = v - pad
-    # grid_sample's normalised coordinates, x (column) first: (2 * index + 1) / size - 1, folded into v2v
-    size = np.asarray(v.shape[1:], dtype=np.float64)[::-1]
-    normalise = np.diag([*(2 / size), 1.0])
-    normalise[:3, 3] = 1 / size - 1
-    m = normalise @ _shifted(v2v, offset)[[2, 1, 0, 3]]
+    m = grid_matrix(v2v, v.shape[1:], offset)
     grid = torch.empty((*shape, 3), dtype=torch.float32)
     for k in range(3):
         grid[..., k] = torch.from_numpy(_coordinate(m, shape, k, np.float32))

@@ -178,7 +178,7 @@ def test_one_range_read_of_the_slices_the_patch_reaches(store, monkeypatch):
     """Each sample reads one slice range of the image and of the label, no wider than the patch's extent
     plus one slice each side."""
     reads: list[tuple[str, int, int]] = []
-    for name in ("read", "read_label"):
+    for name in ("planes", "read_label"):
         real = getattr(store, name)
         monkeypatch.setattr(store, name, lambda key, z0=0, z1=None, *, _real=real, _name=name, **kw: (
             reads.append((_name, z0, z1)), _real(key, z0, z1, **kw))[1])
@@ -189,7 +189,7 @@ def test_one_range_read_of_the_slices_the_patch_reaches(store, monkeypatch):
         rec = store.record(sample["key"])
         points = source_points(voxel_to_voxel(sample["image"].affine.numpy(), rec.affine), PATCH)[..., 0]
         lo, hi = max(int(np.floor(points.min())), 0), min(int(np.floor(points.max())) + 2, rec.shape[0])
-        assert reads == [("read", lo, hi), ("read_label", lo, hi)]
+        assert reads == [("planes", lo, hi), ("read_label", lo, hi)]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
