@@ -29,6 +29,7 @@ from medload.data.autotune import tune_loader
 from medload.data.build import build_loader, check_settings, ordered
 from medload.data.device_loader import DeviceLoader
 from medload.data.loader_types import Augment, LoaderDataset, MPContext
+from medload.data.sample_loader import SampleLoader, reads_batches
 from medload.data.slots import READ_AHEAD_BATCHES, slot_count, worker_l1
 from medload.data.slots import _Batch as _Batch  # the old import path of the batch type (tests)
 from medload.data.slots import _SlotBatchSampler as _SlotBatchSampler  # and of the batch sampler
@@ -47,8 +48,9 @@ def make_loader(  # noqa: PLR0913 - the public keyword API of the loader, kept f
         prefetch_factor: int | None | FromConfig = FROM_CONFIG, persistent_workers: bool | None | FromConfig = FROM_CONFIG,
         multiprocessing_context: MPContext | None | FromConfig = FROM_CONFIG,
         pin_memory: bool | None | FromConfig = FROM_CONFIG, memory_budget: int | str | None | FromConfig = FROM_CONFIG,
-        meta: bool | FromConfig = FROM_CONFIG, config: LoaderConfig | None = None) -> DeviceLoader:
-    """A loader of windowed float batches on ``device`` from a :class:`SliceDataset`/:class:`SlabDataset`.
+        meta: bool | FromConfig = FROM_CONFIG, config: LoaderConfig | None = None) -> DeviceLoader | SampleLoader:
+    """A loader of windowed float batches on ``device`` from a :class:`SliceDataset`/:class:`SlabDataset`
+    (or, one sample at a time, a :class:`PatchDataset`: :mod:`medload.data.sample_loader`).
 
     Each setting is the keyword given, else ``config``'s (a :class:`~medload.config.LoaderConfig`, e.g. the
     ``[loader]`` table of a config file), else its default below: an explicit keyword wins over the config.
@@ -102,8 +104,11 @@ def make_loader(  # noqa: PLR0913 - the public keyword API of the loader, kept f
                         multiprocessing_context=multiprocessing_context, pin_memory=pin_memory,
                         memory_budget=memory_budget, meta=meta)
     device = checked_device(device)  # a GPU this machine lacks fails here, not at the first batch
-    check_settings(dataset, s["window"], s["dtype"], augment)
     order = ordered(dataset, sampler, shuffle, seed)
+    if not reads_batches(dataset):  # ds[i] samples (PatchDataset): batched by torch's DataLoader
+        s.pop("memory_budget")
+        return SampleLoader(dataset, device=device, sampler=order, augment=augment, **s)
+    check_settings(dataset, s["window"], s["dtype"], augment)
     tuning, budget = None, s.pop("memory_budget")
     if s["num_workers"] == "auto":
         tuning = tune_loader(dataset, s["batch_size"], device, window=s["window"], augment=augment, dtype=s["dtype"],
