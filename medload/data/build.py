@@ -10,7 +10,7 @@ settings -- a number of workers, a prefetch factor, a torch dtype -- with nothin
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ def check_settings(dataset: LoaderDataset, window: str | win.Window | None, dtyp
                           "or ask for a float dtype")
 
 
-def ordered(dataset: LoaderDataset, sampler: Iterable[int] | None, shuffle: bool, seed: int | None) -> Iterable[int]:
+def ordered(dataset: Sized, sampler: Iterable[int] | None, shuffle: bool, seed: int | None) -> Iterable[int]:
     """The sampler of a loader: the one given, or a seeded random (``shuffle``) or sequential order."""
     if sampler is not None:
         if shuffle or seed is not None:

@@ -29,7 +29,7 @@ from medload.data.autotune import tune_loader
 from medload.data.build import build_loader, check_settings, ordered
 from medload.data.device_loader import DeviceLoader
 from medload.data.loader_types import Augment, LoaderDataset, MPContext
-from medload.data.sample_loader import SampleLoader, reads_batches
+from medload.data.sample_loader import SampleDataset, SampleLoader, reads_batches
 from medload.data.slots import READ_AHEAD_BATCHES, slot_count, worker_l1
 from medload.data.slots import _Batch as _Batch  # the old import path of the batch type (tests)
 from medload.data.slots import _SlotBatchSampler as _SlotBatchSampler  # and of the batch sampler
@@ -40,7 +40,7 @@ __all__ = ["make_loader", "DeviceLoader", "loader_settings", "slot_count", "work
 
 
 def make_loader(  # noqa: PLR0913 - the public keyword API of the loader, kept for compatibility
-        dataset: LoaderDataset, batch_size: int | FromConfig = FROM_CONFIG,
+        dataset: LoaderDataset | SampleDataset, batch_size: int | FromConfig = FROM_CONFIG,
         num_workers: int | str | FromConfig = FROM_CONFIG, device: str | torch.device = "cpu", *,
         window: str | win.Window | None | FromConfig = FROM_CONFIG, shuffle: bool = False,
         sampler: Iterable[int] | None = None, drop_last: bool | FromConfig = FROM_CONFIG, seed: int | None = None,

@@ -38,7 +38,7 @@ Examples:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -46,6 +46,7 @@ from medload.config import FROM_CONFIG, FromConfig, LoaderConfig, choose
 from medload.data.augment import BatchAugment
 from medload.data.autotune import LoaderTuning
 from medload.data.datasets import SliceDataset
+from medload.data.device_loader import DeviceLoader
 from medload.data.loader import make_loader
 from medload.data.read_probe import timed_batch
 from medload.data.stage_times import (
@@ -97,10 +98,10 @@ def profile_training(store: Store, *, batch_size: int | FromConfig = FROM_CONFIG
     device = torch.device(device)
     dataset = SliceDataset(store, context=context)
     cfg = config or LoaderConfig()
-    loader = make_loader(dataset, choose(batch_size, cfg.batch_size, BATCH_SIZE),
-                         choose(num_workers, cfg.num_workers, NUM_WORKERS), device,
-                         window=choose(window, cfg.window, WINDOW), shuffle=True, seed=seed,
-                         augment=BatchAugment(device=device, seed=seed) if augment else None, config=cfg)
+    loader = cast(DeviceLoader, make_loader(  # a SliceDataset's: the slot loader
+        dataset, choose(batch_size, cfg.batch_size, BATCH_SIZE), choose(num_workers, cfg.num_workers, NUM_WORKERS),
+        device, window=choose(window, cfg.window, WINDOW), shuffle=True, seed=seed,
+        augment=BatchAugment(device=device, seed=seed) if augment else None, config=cfg))
     train = None if model == "none" else TrainStep(segmentation_unet(2, dataset.channels, small=model == "small")
                                                    .to(device))
     done, epoch = 0, 0

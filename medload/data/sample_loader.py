@@ -19,18 +19,26 @@ depends on ``(seed, epoch, i)``). :meth:`SampleLoader.set_epoch` sets it (Lightn
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 import torch
 
 from medload import windows as win
-from medload.data.loader_types import Augment, MPContext
+from medload.data.loader_types import Augment, LoaderDataset, MPContext
 from medload.data.slots import _Scale
 from medload.errors import ConfigError
 
-__all__ = ["SampleLoader", "reads_batches"]
+__all__ = ["SampleDataset", "SampleLoader", "reads_batches"]
 
-def reads_batches(dataset: object) -> bool:
+
+class SampleDataset(Protocol):
+    """A map-style dataset of dict samples (``image`` a float tensor ``(C, *spatial)``), read one at a time."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+
+def reads_batches(dataset: object) -> TypeGuard[LoaderDataset]:
     """Whether ``dataset`` reads whole batches into the loader's slots (SliceDataset, SlabDataset): the
     slot path; otherwise :class:`SampleLoader`."""
     return callable(getattr(dataset, "read_batch", None))
@@ -97,7 +105,7 @@ class SampleLoader:
         (torch.Size([2, 1, 8, 32, 32]), torch.Size([2, 1, 8, 32, 32]))
     """
 
-    def __init__(self, dataset: Any, batch_size: int, num_workers: int, device: torch.device, *,  # noqa: PLR0913
+    def __init__(self, dataset: SampleDataset, batch_size: int, num_workers: int, device: torch.device, *,  # noqa: PLR0913
                  sampler: Iterable[int], window: str | win.Window | None = None, drop_last: bool = False,
                  augment: Augment | None = None, dtype: torch.dtype = torch.float32,
                  prefetch_factor: int | None = None, persistent_workers: bool | None = None,
