@@ -99,6 +99,7 @@ class SampleLoader:
     :func:`~medload.data.make_loader`, which passes its settings.
 
     Examples:
+        >>> from medload.data import PatchDataset
         >>> loader = make_loader(PatchDataset(store, patch=(8, 32, 32), spacing=(5.0, 2.0, 2.0), samples_per_epoch=4),
         ...                      batch_size=2, window="soft_tissue")
         >>> batch = next(iter(loader)); batch["image"].shape, batch["label"].shape
