@@ -9,6 +9,8 @@ The loader is built in layers, each importing only those below it:
   and what it gained are told there);
 - :mod:`medload.data.device_loader`: the trainer's side, :class:`DeviceLoader`;
 - :mod:`medload.data.build`: :func:`~medload.data.build.build_loader`, a loader from concrete settings;
+- :mod:`medload.data.sample_loader`: beside them, the loader of datasets read one sample at a time
+  (``ds[i]``, no ``read_batch``: :class:`~medload.data.PatchDataset`), which ``make_loader`` hands them to;
 - :mod:`medload.data.stage_times` and :mod:`medload.data.autotune`: the stage clock, and
   ``num_workers="auto"``, which measures through ``build_loader``;
 - here, :func:`make_loader`: its keywords and a :class:`~medload.config.LoaderConfig` resolved into
