@@ -2,7 +2,8 @@
 
 :class:`StoreDataModule` splits the store's series into training and validation sets by patient
 (:func:`split_patients`: no patient in both, the same split for the same seed), builds a
-:class:`~medload.data.SliceDataset` (2.5D) or :class:`~medload.data.SlabDataset` (3D) for each, and hands
+:class:`~medload.data.SliceDataset` (2.5D), :class:`~medload.data.SlabDataset` (3D slabs) or
+:class:`~medload.data.PatchDataset` (3D patches at a target spacing and orientation) for each, and hands
 Lightning :func:`~medload.data.make_loader` loaders: batches are read, windowed and augmented by the fast
 path, on the trainer's device. Lightning calls ``set_epoch`` on them every epoch, so each epoch draws a
 new (seeded) order. With a trainer, the training loader's lineage record (:mod:`medload.lineage`: the series
@@ -29,12 +30,14 @@ from medload.data import (
     BatchAugment,
     DistributedPatientSampler,
     ForegroundSampler,
+    PatchDataset,
     SeriesGroupedSampler,
     SlabDataset,
     SliceDataset,
     UniformSampler,
     make_loader,
 )
+from medload.data.index import slice_index
 from medload.data.labelling import check_labels_choice
 from medload.data.splits import PatientSplit, split_patients
 from medload.errors import ConfigError
@@ -60,6 +63,18 @@ class StoreDataModule(lightning.LightningDataModule):
         store: a store path or an open :class:`~medload.Store`.
         context: 2.5D samples with ``context`` neighbours on each side as channels (the default, 1).
         depth, stride: 3D slabs of ``depth`` slices every ``stride`` (default ``depth``) instead.
+        patch, spacing, axcodes, foreground, patches_per_epoch: 3D patches instead
+            (:class:`~medload.data.PatchDataset`): ``patch`` ``(D, H, W)`` voxels at ``spacing`` ``(z, y, x)``
+            mm (None: each series' own) along ``axcodes`` (PatchDataset's ``orientation``: ``"RAS"``, the
+            default; None: each series' own), ``foreground`` of them centred on a labelled voxel (default
+            0.33), ``patches_per_epoch`` training patches an epoch (default: nnU-Net's 250 batches). Each
+            training index is a fresh seeded draw, new every epoch. Validation is a fixed set of patches of
+            the validation series -- the epoch-0 draw of a dataset of ``patches_per_epoch * val_fraction``
+            patches (at least one batch), the same every epoch, so epochs compare -- with the same
+            ``foreground`` share; whole-series sliding-window Dice is
+            :func:`~medload.data.predict_series`'s (as ``pipelines/train_segmentation.py --patch`` does).
+            ``sampler`` is ``"uniform"`` (the draws in index order) or ``"distributed"`` (rank r takes
+            indices r, r + world, ...); no ``classes=`` or ``plane=``.
         labels: None (the default): the selected series that have labels (``"only"``: the others are left
             out, their number logged) when any has them, so every batch of a segmentation has a
             ``"label"``; no labels where none has them. True, False or ``"only"``: as the datasets take it.
@@ -104,10 +119,16 @@ class StoreDataModule(lightning.LightningDataModule):
             num_workers: int | str | FromConfig = FROM_CONFIG, window=FROM_CONFIG,
             augment: bool | AugmentConfig | Callable | None = None,
             sampler: str | Callable = "uniform", val_fraction: float = 0.2, seed: int = 0,
-            device=None, loader_options: Mapping | None = None, config: LoaderConfig | None = None) -> None:
+            device=None, loader_options: Mapping | None = None, config: LoaderConfig | None = None,
+            patch: Sequence[int] | None = None, spacing: Sequence[float] | None = None, axcodes: str | None = "RAS",
+            foreground: float = 0.33, patches_per_epoch: int | None = None) -> None:
         super().__init__()
-        if depth is not None and context is not None:
-            raise ConfigError("pass context= (2.5D slices) or depth= (3D slabs), not both")
+        if sum(x is not None for x in (context, depth, patch)) > 1:
+            raise ConfigError("pass one of context= (2.5D slices), depth= (3D slabs) or patch= (3D patches), not both")
+        if patch is not None and (classes is not None or plane is not None):
+            raise ConfigError("patch= gives the stored label values and HU: drop classes= and plane=")
+        if patch is not None and sampler not in ("uniform", "distributed"):
+            raise ConfigError(f"patch= draws its own patches: sampler='uniform' or 'distributed', not {sampler!r}")
         if depth is None and stride is not None:
             raise ConfigError("stride= steps 3D slabs: pass depth= with it")
         if not (augment is None or isinstance(augment, (bool, AugmentConfig)) or callable(augment)):
@@ -119,7 +140,11 @@ class StoreDataModule(lightning.LightningDataModule):
         if config is not None and not isinstance(config, LoaderConfig):
             raise ConfigError(f"config must be a LoaderConfig (medload.config), got {type(config).__name__}")
         self.store = store
-        self.context, self.depth, self.stride = (1 if context is None and depth is None else context), depth, stride
+        self.context = 1 if context is None and depth is None and patch is None else context
+        self.depth, self.stride = depth, stride
+        self.patch_options: dict[str, Any] | None = None if patch is None else {
+            "patch": patch, "spacing": spacing, "orientation": axcodes, "foreground": foreground}
+        self.patches_per_epoch = patches_per_epoch
         check_labels_choice(labels)
         self.dataset_options: dict[str, Any] = {"plane": plane, "labels": labels, "classes": classes,
                                                 "modality": modality, "kernel": kernel, "thickness": thickness,
@@ -133,8 +158,8 @@ class StoreDataModule(lightning.LightningDataModule):
         self.augment, self.sampler, self.val_fraction, self.seed = augment, sampler, val_fraction, seed
         self.device, self.loader_options = device, dict(loader_options or {})
         self.split: PatientSplit | None = None
-        self.train_dataset: SliceDataset | SlabDataset | None = None
-        self.val_dataset: SliceDataset | SlabDataset | None = None
+        self.train_dataset: SliceDataset | SlabDataset | PatchDataset | None = None
+        self.val_dataset: SliceDataset | SlabDataset | PatchDataset | None = None
         self.lineage_path: Path | None = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -145,9 +170,11 @@ class StoreDataModule(lightning.LightningDataModule):
             self.store = open_store(self.store)
         if self.dataset_options["labels"] is None:  # the labelled series, where the selection has any
             self.dataset_options["labels"] = "only" if self._any_labelled() else False
-        self.split = split_patients(self._dataset(self.keys), self.val_fraction, self.seed)
+        everything = self._dataset(self.keys)
+        index = slice_index(everything.records) if isinstance(everything, PatchDataset) else everything
+        self.split = split_patients(index, self.val_fraction, self.seed)
         self.train_dataset = self._dataset(self.split.train)
-        self.val_dataset = self._dataset(self.split.val) if self.split.val else None
+        self.val_dataset = self._dataset(self.split.val, validation=True) if self.split.val else None
 
     def train_dataloader(self):
         """Training batches in the chosen sampler's order, new each epoch (Lightning calls ``set_epoch``)."""
@@ -164,6 +191,10 @@ class StoreDataModule(lightning.LightningDataModule):
         if ds is None:
             return []
         sampler = None
+        if isinstance(ds, PatchDataset):
+            return _SameEveryEpoch(make_loader(ds, self.batch_size, self.num_workers, self._device(),
+                                               window=self.window, sampler=self._patch_order(ds),
+                                               config=self.loader_config, **self.loader_options))
         if self.sampler == "distributed":
             rank, world_size = self._ranks()
             sampler = DistributedPatientSampler.from_dataset(ds, rank=rank, world_size=world_size, seed=self.seed,
@@ -185,14 +216,35 @@ class StoreDataModule(lightning.LightningDataModule):
                                                        "seed": self.seed, "val": sorted(split.val)}),
                                  folder / "medload_lineage.json")
 
-    def _dataset(self, keys) -> SliceDataset | SlabDataset:
+    def _dataset(self, keys, validation: bool = False) -> SliceDataset | SlabDataset | PatchDataset:
         store = self.store
         if not isinstance(store, Store):
             raise ConfigError("call setup() first (Trainer.fit does): it opens the store")
+        if self.patch_options is not None:
+            return self._patches(store, keys, validation)
         if self.depth is not None:
             return SlabDataset(store, self.depth, self.stride, keys=keys, **self.dataset_options)
         # without depth, __init__ set context (1 by default)
         return SliceDataset(store, cast(int, self.context), keys=keys, **self.dataset_options)
+
+    def _patches(self, store: Store, keys, validation: bool) -> PatchDataset:
+        """The patches of the selected series (the plane filter, which PatchDataset lacks, resolved to keys)."""
+        options = self.dataset_options
+        filters = {k: options[k] for k in ("modality", "kernel", "thickness", "orientation")}
+        chosen = [r.key for r in select_series(store.series(), keys=keys, **filters)]
+        if not chosen:
+            raise ConfigError(f"the series filters ({filters}, keys={keys}) select none of the store's series")
+        batch_size = self.batch_size if isinstance(self.batch_size, int) else 2
+        per_epoch = self.patches_per_epoch or 250 * batch_size  # nnU-Net: 250 iterations an epoch
+        count = max(batch_size, round(per_epoch * self.val_fraction)) if validation else per_epoch
+        grid = cast(dict, self.patch_options)
+        return PatchDataset(store, grid["patch"], grid["spacing"], grid["orientation"], foreground=grid["foreground"],
+                            samples_per_epoch=count, seed=self.seed, labels=options["labels"], keys=chosen)
+
+    def _patch_order(self, ds: PatchDataset) -> range:
+        """The patches this process reads: all of them, or under ``sampler="distributed"`` every world-th."""
+        rank, world_size = self._ranks() if self.sampler == "distributed" else (0, 1)
+        return range(rank or 0, len(ds), world_size or 1)
 
     def _any_labelled(self) -> bool:
         """Whether any series the filters select has labels."""
@@ -222,6 +274,8 @@ class StoreDataModule(lightning.LightningDataModule):
         return self.trainer.strategy.root_device if self.trainer is not None else "cpu"
 
     def _train_sampler(self, ds):
+        if isinstance(ds, PatchDataset):
+            return self._patch_order(ds)
         if callable(self.sampler):
             return self.sampler(ds)
         if self.sampler == "distributed":
@@ -234,4 +288,19 @@ class StoreDataModule(lightning.LightningDataModule):
         if self.augment is None or self.augment is False or callable(self.augment):
             return self.augment or None
         config = AugmentConfig() if self.augment is True else self.augment
-        return BatchAugment(config, device=self._device(), seed=self.seed, spatial_dims=2 if self.depth is None else 3)
+        return BatchAugment(config, device=self._device(), seed=self.seed,
+                            spatial_dims=2 if self.depth is None and self.patch_options is None else 3)
+
+
+class _SameEveryEpoch:
+    """A loader whose epoch stays as it is: no ``sampler`` for Lightning's ``set_epoch`` to reach (the
+    validation patches, drawn once)."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def __iter__(self):
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)

@@ -1,11 +1,12 @@
-"""The segmentation model and training step that ``pipelines/train_segmentation.py`` trains and
-``medload profile`` times: a MONAI UNet, Dice loss on logits, AdamW."""
+"""The segmentation models and training step that ``pipelines/train_segmentation.py`` trains and
+``medload profile`` times: a MONAI UNet (2.5D, slabs), a MONAI DynUNet configured as nnU-Net configures
+its 3D U-Net for a patch size (3D patches), Dice loss on logits, AdamW."""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["segmentation_unet", "TrainStep"]
+__all__ = ["segmentation_unet", "patch_dynunet", "TrainStep"]
 
 
 def segmentation_unet(spatial_dims: int, in_channels: int, *, small: bool = False,
@@ -23,6 +24,35 @@ def segmentation_unet(spatial_dims: int, in_channels: int, *, small: bool = Fals
     width = (8, 16, 32) if small else (32, 64, 128, 256)
     return UNet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=out_channels, channels=width,
                 strides=(2,) * (len(width) - 1), num_res_units=1)
+
+
+def patch_dynunet(patch: tuple[int, int, int] | list[int], in_channels: int = 1, out_channels: int = 1, *,
+                  small: bool = False) -> torch.nn.Module:
+    """A MONAI DynUNet for ``patch`` ``(D, H, W)`` inputs, laid out as nnU-Net lays out its 3D U-Net
+    (Isensee et al., Nature Methods 2021): 3x3x3 convolutions, instance norm, each level halving every axis
+    whose size there is even and at least 8, at most 5 levels (4 down-samplings), widths 32, 64, 128, 256,
+    320 (capped at 320). ``small``: 3 levels of widths 8, 16, 32, a CPU-sized model (``--quick``).
+    A patch whose axes cannot be halved still gives a valid (shallower) network.
+
+    Examples:
+        >>> net = patch_dynunet((16, 32, 32), small=True)
+        >>> net(torch.zeros(1, 1, 16, 32, 32)).shape
+        torch.Size([1, 1, 16, 32, 32])
+    """
+    from monai.networks.nets import DynUNet
+
+    levels, base, cap = (3, 8, 32) if small else (5, 32, 320)
+    size, strides = [int(n) for n in patch], [[1, 1, 1]]
+    while len(strides) < levels:
+        step = [2 if n % 2 == 0 and n >= 8 else 1 for n in size]
+        if step == [1, 1, 1]:
+            break
+        strides.append(step)
+        size = [n // s for n, s in zip(size, step)]
+    widths = [min(base * 2**k, cap) for k in range(len(strides))]
+    return DynUNet(spatial_dims=3, in_channels=in_channels, out_channels=out_channels,
+                   kernel_size=[[3, 3, 3]] * len(strides), strides=strides, upsample_kernel_size=strides[1:],
+                   filters=widths, norm_name="instance", res_block=False)
 
 
 class TrainStep:

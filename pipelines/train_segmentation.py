@@ -1,8 +1,13 @@
-"""Train a MONAI UNet on a medload store: 2.5D (2D UNet, neighbour slices as channels) or 3D slabs.
+"""Train a MONAI UNet on a medload store: 2.5D (2D UNet, neighbour slices as channels), 3D slabs or 3D patches.
 
     python pipelines/train_segmentation.py --store stores/sample --quick
     python pipelines/train_segmentation.py --store STORE --epochs 50 --batch-size 16 --num-workers 8 --device cuda
     python pipelines/train_segmentation.py --store STORE --3d --depth 32
+    python pipelines/train_segmentation.py --store STORE --3d --patch 96 96 96 --spacing 1.5 1.5 1.5 --foreground 0.33
+
+3D patches (``--3d --patch D H W``, with ``--spacing``, ``--axcodes``, ``--foreground``,
+``--patches-per-epoch``) train a DynUNet on PatchDataset patches at a target spacing and orientation and
+validate by sliding-window inference on whole series: pipelines/patch_training.py says how.
     torchrun --nproc_per_node 4 pipelines/train_segmentation.py --store STORE --seed 0
 
 Everything here is the package's public API: SliceDataset/SlabDataset, make_loader (int16 batches,
@@ -45,6 +50,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -63,6 +69,7 @@ from medload.data import (
     AugmentConfig,
     BatchAugment,
     DistributedPatientSampler,
+    PatchDataset,
     SlabDataset,
     SliceDataset,
     locality_order,
@@ -76,6 +83,9 @@ from medload.export.nnunet import select_keys
 from medload.models import TrainStep, segmentation_unet
 from medload.storage.orientation import ORIENTATIONS
 from medload.storage.selection import select_series
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from patch_training import add_patch_flags, check_patch_flags, patch_dataset, train_patches  # noqa: E402
 
 log = logging.getLogger("train_segmentation")
 
@@ -118,6 +128,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--init", type=Path, default=None, help="start from these weights (a saved best_model.pt)")
     ap.add_argument("--quick", action="store_true",
                     help="a short CPU-sized run: by default 4 epochs, batch 4, 2x downsampled, no workers, small net")
+    add_patch_flags(ap)
     args = ap.parse_args(argv)
     if args.quick:  # defaults only: flags given explicitly win
         ap.set_defaults(epochs=4, downsample=2)
@@ -129,9 +140,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                       FutureWarning, stacklevel=2)
         args.num_workers = args.old_workers
     config = LoaderConfig() if args.config is None else load_config(args.config).loader
-    args.batch_size = _first(args.batch_size, config.batch_size, 4 if args.quick else 8)
+    args.batch_size = _first(args.batch_size, config.batch_size, 2 if args.patch else 4 if args.quick else 8)
     args.num_workers = _first(args.num_workers, config.num_workers, 0 if args.quick else 2)
     args.window = _first(args.window, config.window, "soft_tissue")
+    check_patch_flags(ap, args, sys.argv[1:] if argv is None else list(argv))
     # the rest of [loader] goes to make_loader; the window is applied in the training step (after the demo target)
     args.loader = dataclasses.replace(config, batch_size=args.batch_size, num_workers=args.num_workers, window=None)
     return args
@@ -207,24 +219,32 @@ def series_filters(args: argparse.Namespace, store) -> dict:
             "thickness": None if args.thickness is None else tuple(args.thickness)}
 
 
-def build_dataset(args: argparse.Namespace, store) -> SliceDataset | SlabDataset:
-    """The dataset the run trains on: the filtered series, their labels as --labels and --classes say (no
-    labels for a --demo-target); a ConfigError where labels hold several classes and no --classes says
-    what to train (one foreground would merge them)."""
-    filters = series_filters(args, store)
+def label_choice(args: argparse.Namespace, store, filters: dict) -> tuple[bool | str, dict | None]:
+    """The datasets' ``labels=`` (none for a --demo-target) and the class map of --classes; stops where
+    the selection has no labels to train on."""
     classes = None if args.classes is None else parse_classes(args.classes)
     if args.demo_target is not None:
         if classes is not None:
             raise ConfigError("--classes picks stored label classes and --demo-target trains on a threshold target "
                               "instead: give one of them")
-        labels: bool | str = False
-    else:
-        selected = select_series(store.series(), **filters)
-        if selected and not any(store.labels(r.key) is not None for r in selected):
-            raise SystemExit(f"{args.store} has no labels on the {len(selected)} selected series: ingest them "
-                             "(medload ingest --labels) or pass --demo-target bone")
-        labels = "only" if args.labels == "only" else True
-    if args.three_d:
+        return False, None
+    selected = select_series(store.series(), **filters)
+    if selected and not any(store.labels(r.key) is not None for r in selected):
+        raise SystemExit(f"{args.store} has no labels on the {len(selected)} selected series: ingest them "
+                         "(medload ingest --labels) or pass --demo-target bone")
+    return ("only" if args.labels == "only" else True), classes
+
+
+def build_dataset(args: argparse.Namespace, store) -> SliceDataset | SlabDataset | PatchDataset:
+    """The dataset the run trains on: the filtered series, their labels as --labels and --classes say (no
+    labels for a --demo-target); a ConfigError where labels hold several classes and no --classes says
+    what to train (one foreground would merge them)."""
+    filters = series_filters(args, store)
+    labels, classes = label_choice(args, store, filters)
+    dataset: SliceDataset | SlabDataset | PatchDataset
+    if args.patch is not None:
+        dataset = patch_dataset(args, store, filters, labels)
+    elif args.three_d:
         dataset = SlabDataset(store, depth=args.depth, stride=args.depth // 2, labels=labels, classes=classes,
                               **filters)
     else:
@@ -255,6 +275,11 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
     torch.manual_seed(args.seed)
     store = open_store(args.store, cache="1GB")
     dataset = build_dataset(args, store)
+    if isinstance(dataset, PatchDataset):
+        if world > 1:
+            raise ConfigError("--patch trains in one process for now: run it without torchrun")
+        return train_patches(args, dataset, None if args.classes is None else parse_classes(args.classes), device,
+                             _BONE_HU)
     classes = None if args.classes is None else cast(dict, dataset.class_names)  # set with a class map
     if classes is not None:
         log.info("classes: %s", ", ".join(f"channel {v - 1} = {name}" for v, name in sorted(classes.items())))

@@ -12,8 +12,9 @@ import torch
 lightning = pytest.importorskip("lightning", reason="PyTorch Lightning is an optional extra (medload[lightning])")
 
 from helpers.labelled_store import COLS, ROWS, make_labelled_store, make_partly_labelled_store  # noqa: E402
+from helpers.patch_store import make_patch_store  # noqa: E402
 
-from medload.data import DistributedPatientSampler, SliceDataset, UniformSampler  # noqa: E402
+from medload.data import DistributedPatientSampler, PatchDataset, SliceDataset, UniformSampler  # noqa: E402
 from medload.errors import ConfigError, MedloadError  # noqa: E402
 from medload.lightning import StoreDataModule, split_patients  # noqa: E402
 from medload.storage.store import open_store  # noqa: E402
@@ -34,7 +35,7 @@ class TinySegmenter(lightning.LightningModule):
 
     def _step(self, batch, stage: str) -> torch.Tensor:
         self.seen[stage].append((self.current_epoch, tuple(batch["image"].shape), tuple(batch["label"].shape),
-                                 batch["index"].tolist()))
+                                 batch.get("centre"), batch["index"].tolist()))
         logits = self.net(batch["image"])
         return torch.nn.functional.binary_cross_entropy_with_logits(logits, (batch["label"] > 0).float())
 
@@ -153,9 +154,46 @@ def test_split_patients_never_puts_a_patient_on_both_sides(store_path):
         split_patients(np.zeros(3), 0.2)
 
 
+@pytest.fixture(scope="module")
+def patch_store_path(tmp_path_factory):
+    """4 patients, one oblique, anisotropic or feet-first series each, labelled (tests/helpers/patch_store.py)."""
+    return make_patch_store(tmp_path_factory.mktemp("lightning-patches"))
+
+
+def test_the_patch_option_fits_on_new_draws_each_epoch_and_validates_on_a_fixed_set(patch_store_path):
+    data = StoreDataModule(patch_store_path, patch=(6, 12, 10), spacing=(2.5, 1.5, 1.5), axcodes="RAS",
+                           foreground=0.5, patches_per_epoch=4, batch_size=2, window="soft_tissue", augment=True,
+                           val_fraction=0.25, seed=5)
+    model = TinySegmenter(channels=1, dims=3)
+    trainer = _trainer(max_epochs=2, num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=data)
+    trainer.validate(model, datamodule=data)
+    assert isinstance(data.train_dataset, PatchDataset) and isinstance(data.val_dataset, PatchDataset)
+    assert trainer.global_step == 4 and all(seen[1:3] == ((2, 1, 6, 12, 10),) * 2 for seen in model.seen["train"])
+    train_patients = {r.patient for r in data.train_dataset.records}
+    assert len(train_patients) == 3 and train_patients.isdisjoint(r.patient for r in data.val_dataset.records)
+    centres = {e: torch.cat([seen[3] for seen in model.seen["train"] if seen[0] == e]) for e in (0, 1)}
+    for epoch in (0, 1):  # each epoch's batches are that epoch's seeded draws: Lightning's set_epoch reached them
+        data.train_dataset.set_epoch(epoch)
+        assert torch.equal(centres[epoch], torch.stack([data.train_dataset[i]["centre"] for i in range(4)]))
+    assert not torch.equal(centres[0], centres[1])
+    val = [(tuple(i), c) for *_, c, i in model.seen["val"]]  # after two epochs of fit, and in validate()
+    assert len(val) == 3 and all(v[0] == val[0][0] and torch.equal(v[1], val[0][1]) for v in val)
+    assert len(data.val_dataset) == 2  # patches_per_epoch * val_fraction, at least a batch
+
+
 def test_bad_arguments_say_what_to_pass(store_path):
     with pytest.raises(ConfigError, match="not both"):
         StoreDataModule(store_path, context=1, depth=4)
+    with pytest.raises(ConfigError, match="not both"):
+        StoreDataModule(store_path, depth=4, patch=(8, 8, 8))
+    with pytest.raises(ConfigError, match="drop classes= and plane="):
+        StoreDataModule(store_path, patch=(8, 8, 8), classes=["liver"])
+    with pytest.raises(ConfigError, match="patch= draws its own patches"):
+        StoreDataModule(store_path, patch=(8, 8, 8), sampler="foreground")
+    patches = StoreDataModule(store_path, patch=(8, 8, 8), spacing=(1.0, -1.0, 1.0))
+    with pytest.raises(ConfigError, match="spacing must be positive"):
+        patches.setup("fit")
     with pytest.raises(ConfigError, match="sampler must be one of"):
         StoreDataModule(store_path, sampler="random")
     with pytest.raises(ConfigError, match="augment must be"):
