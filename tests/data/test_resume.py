@@ -1,0 +1,99 @@
+"""Exact mid-epoch resume (medload.data.loader_state): a training process with a two-worker loader is
+SIGKILLed at a random step, restored from its last saved state in a new process, and the whole sequence of
+samples, images and augmentation parameters it trained on is compared with an uninterrupted run's."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+from helpers import resume_run
+
+from medload.config import IngestConfig
+from medload.data import BatchAugment, SliceDataset, UniformSampler, make_loader
+from medload.data.state_version import STATE_VERSION
+from medload.errors import ConfigError
+from medload.ingest import ingest
+from medload.storage.store import open_store
+from medload.synthetic import SeriesSpec, make_series
+
+SIZES = [(32, 40), (40, 40)]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Four patients of two matrix sizes (so batches come from shape buckets), 6..9 slices each."""
+    root = tmp_path_factory.mktemp("resume")
+    for p in range(4):
+        rows, cols = SIZES[p % 2]
+        make_series(root / "src" / f"p{p}", SeriesSpec(n_slices=6 + p, rows=rows, cols=cols), seed=80 + p,
+                    patient_id=f"RES-{p}")
+    ingest(root / "src", root / "store", config=IngestConfig(workers=1))
+    return root / "store"
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _script(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "tests" / "helpers" / "resume_run.py"), *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+@pytest.mark.parametrize(("kind", "order"), [("slice", "shuffle"), ("slab", "sampler"), ("slice", "buckets"),
+                                             ("patch", "sampler")])
+def test_a_run_killed_mid_epoch_resumes_with_the_same_samples_and_augmentation(store, tmp_path, kind, order):
+    reference = tmp_path / "reference.jsonl"
+    resume_run.run(str(store), kind, order, reference)
+    expected = _lines(reference)
+    assert len({line["epoch"] for line in expected}) == resume_run.EPOCHS
+    kill_at = random.randrange(1, len(expected) - 1)
+    log = tmp_path / "run.jsonl"
+    killed = _script(store, kind, order, log, "--kill-at", kill_at)
+    assert killed.returncode == -9, f"step {kill_at}: exited {killed.returncode}\n{killed.stderr}"
+    assert _lines(log) == expected[:kill_at], f"killed at step {kill_at}: the run before the kill differs"
+    restored = _script(store, kind, order, log, "--resume")
+    assert restored.returncode == 0, restored.stderr
+    got = _lines(log)
+    assert [line["index"] for line in got] == [line["index"] for line in expected], f"killed at step {kill_at}"
+    assert got == expected, f"killed at step {kill_at}: same samples, but the images or augmentation differ"
+
+
+def test_batches_read_ahead_by_the_workers_count_as_not_seen(store):
+    """Two workers read up to four batches ahead; a state taken after the second batch resumes at the third."""
+    ds = SliceDataset(open_store(store))
+
+    def loader():
+        return make_loader(ds, 3, 2, sampler=UniformSampler.from_dataset(ds, seed=1), augment=BatchAugment(seed=2),
+                           window="soft_tissue")
+
+    first = loader()
+    batches = iter(first)
+    taken = [next(batches)["index"].tolist() for _ in range(2)]
+    state = first.state_dict()
+    rest = [b["index"].tolist() for b in batches]
+    again = loader()
+    again.load_state_dict(state)
+    assert state["batches"] == 2 and len(again) == len(first)
+    assert [b["index"].tolist() for b in again] == rest
+    assert len(taken) + len(rest) == len(first)
+
+
+def test_a_state_is_small_versioned_and_refused_where_it_does_not_fit(store):
+    ds = SliceDataset(open_store(store))
+    loader = make_loader(ds, 4, 0, shuffle=True, seed=3)
+    state = loader.state_dict()
+    assert state["version"] == STATE_VERSION and len(json.dumps(state)) < 600  # seeds and counters, no index list
+    with pytest.raises(ConfigError, match="newer medload"):
+        loader.load_state_dict({**state, "version": STATE_VERSION + 1})
+    with pytest.raises(ConfigError, match="batch_size"):
+        make_loader(ds, 5, 0, shuffle=True, seed=3).load_state_dict(state)
+    with pytest.raises(ConfigError, match="seed=3"):
+        make_loader(ds, 4, 0, shuffle=True, seed=4).load_state_dict(state)
+    with pytest.raises(ConfigError, match="not of a UniformSampler"):
+        UniformSampler(len(ds)).load_state_dict(state)
