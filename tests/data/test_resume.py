@@ -6,15 +6,23 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 import subprocess
 import sys
 
 import pytest
 from conftest import REPO
-from helpers import resume_run
+from helpers import elastic_run, resume_run
 
 from medload.config import IngestConfig
-from medload.data import BatchAugment, SliceDataset, UniformSampler, make_loader
+from medload.data import (
+    BatchAugment,
+    DistributedPatientSampler,
+    SliceDataset,
+    UniformSampler,
+    make_loader,
+    shards_for_rank,
+)
 from medload.data.state_version import STATE_VERSION
 from medload.errors import ConfigError
 from medload.ingest import ingest
@@ -26,13 +34,14 @@ SIZES = [(32, 40), (40, 40)]
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """Four patients of two matrix sizes (so batches come from shape buckets), 6..9 slices each."""
+    """Four patients of two matrix sizes (so batches come from shape buckets), 6..9 slices each, in shards
+    of about one series."""
     root = tmp_path_factory.mktemp("resume")
     for p in range(4):
         rows, cols = SIZES[p % 2]
         make_series(root / "src" / f"p{p}", SeriesSpec(n_slices=6 + p, rows=rows, cols=cols), seed=80 + p,
                     patient_id=f"RES-{p}")
-    ingest(root / "src", root / "store", config=IngestConfig(workers=1))
+    ingest(root / "src", root / "store", config=IngestConfig(workers=1, shard_bytes=20_000))  # a shard per series
     return root / "store"
 
 
@@ -97,3 +106,36 @@ def test_a_state_is_small_versioned_and_refused_where_it_does_not_fit(store):
         make_loader(ds, 4, 0, shuffle=True, seed=4).load_state_dict(state)
     with pytest.raises(ConfigError, match="not of a UniformSampler"):
         UniformSampler(len(ds)).load_state_dict(state)
+
+
+def _torchrun(world: int, *args) -> None:
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           str(world), str(REPO / "tests" / "helpers" / "elastic_run.py"), *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, f"torchrun of {world} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+
+
+@pytest.mark.torchrun
+def test_two_ranks_restored_on_three_see_every_sample_of_the_epoch_once(store, tmp_path):
+    """torchrun of 2 ranks stops two steps into epoch 1; 3 ranks restore rank 0's state: the rest of the
+    epoch is re-partitioned by patient over them (each remaining sample once, bar padding repeats), on the
+    shards `medload cache warm --rank R --world 3` copies, and epoch 2 is the 3-rank partition."""
+    _torchrun(2, "first", store, tmp_path, "--steps", 2)
+    _torchrun(3, "rest", store, tmp_path)
+    first = [json.loads((tmp_path / f"first-rank{r}.json").read_text())["1"] for r in range(2)]
+    rest = [json.loads((tmp_path / f"rest-rank{r}.json").read_text()) for r in range(3)]
+    ds = SliceDataset(open_store(store))
+    samples = Counter(i for part in first for i in part["samples"])
+    assert sum(samples.values()) == 2 * 2 * elastic_run.BATCH
+    for part in rest:
+        samples.update(part["1"]["samples"])
+        samples.subtract(part["1"]["padding"])
+    assert samples == Counter(range(len(ds))), "epoch 1: not every sample exactly once"
+    patients = [set(ds.index.patients[part["1"]["samples"]].tolist()) for part in rest]
+    assert all(not a & b for n, a in enumerate(patients) for b in patients[n + 1:]), "a patient on two ranks"
+    for rank, part in enumerate(rest):
+        shards = {ds.records[s].shard for s in ds.index.series[part["1"]["samples"]].tolist()}
+        assert shards <= set(shards_for_rank(ds.records, rank, 3, seed=elastic_run.SEED))
+        sampler = DistributedPatientSampler.from_dataset(ds, rank=rank, world_size=3, seed=elastic_run.SEED)
+        sampler.set_epoch(2)
+        assert sorted(part["2"]["samples"]) == sorted(sampler), f"epoch 2 of rank {rank}: not the 3-rank partition"
