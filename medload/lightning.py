@@ -33,6 +33,7 @@ from medload.data import (
     make_loader,
 )
 from medload.data.labelling import check_labels_choice
+from medload.data.state_version import checked, stamp
 from medload.data.splits import PatientSplit, split_patients
 from medload.errors import ConfigError
 from medload.extras import require
@@ -127,6 +128,8 @@ class StoreDataModule(lightning.LightningDataModule):
         self.window = choose(window, self.loader_config.window, None)
         self.augment, self.sampler, self.val_fraction, self.seed = augment, sampler, val_fraction, seed
         self.device, self.loader_options = device, dict(loader_options or {})
+        self._train_loader: Any = None  # the last training loader built, whose state a checkpoint keeps
+        self._train_state: dict[str, Any] | None = None  # a restored state for the next training loader
         self.split: PatientSplit | None = None
         self.train_dataset: SliceDataset | SlabDataset | None = None
         self.val_dataset: SliceDataset | SlabDataset | None = None
@@ -144,11 +147,43 @@ class StoreDataModule(lightning.LightningDataModule):
         self.val_dataset = self._dataset(self.split.val) if self.split.val else None
 
     def train_dataloader(self):
-        """Training batches in the chosen sampler's order, new each epoch (Lightning calls ``set_epoch``)."""
+        """Training batches in the chosen sampler's order, new each epoch (Lightning calls ``set_epoch``);
+        after :meth:`load_state_dict`, from where the checkpointed run stopped."""
         ds = self._built(self.train_dataset)
-        return make_loader(ds, self.batch_size, self.num_workers, self._device(), window=self.window,
-                           sampler=self._train_sampler(ds), augment=self._augment(), config=self.loader_config,
-                           **self.loader_options)
+        loader = make_loader(ds, self.batch_size, self.num_workers, self._device(), window=self.window,
+                             sampler=self._train_sampler(ds), augment=self._augment(), config=self.loader_config,
+                             **self.loader_options)
+        if self.trainer is not None:  # Lightning fetches a batch ahead of the step: count the steps it ran
+            loader.progress.consumed = self._batches_processed
+        if self._train_state is not None:
+            loader.load_state_dict(self._train_state)
+            self._train_state = None
+        self._train_loader = loader
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the data (Lightning saves it with the model): the training loader's
+        state (:mod:`medload.data.loader_state`) -- seeds and counters -- so that ``Trainer.fit(...,
+        ckpt_path=...)`` of a run stopped mid-epoch resumes at the batch after the last step it saved."""
+        loader = self._train_loader
+        return stamp({"datamodule": type(self).__name__, "seed": self.seed,
+                      "train_loader": None if loader is None else loader.state_dict()})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the training loader from ``state`` (from :meth:`state_dict`) when it is next built; on another
+        number of processes, the rest of the epoch is re-partitioned by patient (``sampler="distributed"``)."""
+        state = checked(state, "datamodule", type(self).__name__)
+        if state["seed"] != self.seed:
+            raise ConfigError(f"the checkpoint's data module was seeded {state['seed']}, this one {self.seed}: pass "
+                              f"seed={state['seed']} to resume that run")
+        self._train_state = state["train_loader"]
+        if self._train_loader is not None and self._train_state is not None:
+            self._train_loader.load_state_dict(self._train_state)
+            self._train_state = None
+
+    def _batches_processed(self) -> int:
+        """Batches of this epoch the trainer's steps have taken (Lightning's count; its fetcher runs ahead)."""
+        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
     def val_dataloader(self):
         """Validation batches in index order (no validation patients: an empty list, which Lightning skips)."""
