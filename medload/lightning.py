@@ -33,8 +33,8 @@ from medload.data import (
     make_loader,
 )
 from medload.data.labelling import check_labels_choice
-from medload.data.state_version import checked, stamp
 from medload.data.splits import PatientSplit, split_patients
+from medload.data.state_version import checked, stamp
 from medload.errors import ConfigError
 from medload.extras import require
 from medload.storage.selection import select_series
@@ -183,7 +183,8 @@ class StoreDataModule(lightning.LightningDataModule):
 
     def _batches_processed(self) -> int:
         """Batches of this epoch the trainer's steps have taken (Lightning's count; its fetcher runs ahead)."""
-        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        progress: Any = cast(lightning.Trainer, self.trainer).fit_loop.epoch_loop.batch_progress.current
+        return progress.processed
 
     def val_dataloader(self):
         """Validation batches in index order (no validation patients: an empty list, which Lightning skips)."""

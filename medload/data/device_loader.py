@@ -17,9 +17,9 @@ import torch
 
 from medload import windows as win
 from medload.config import affinity_cores
+from medload.data import loader_state
 from medload.data.batch_meta import as_meta_batch, sample_keys
 from medload.data.buffers import PinnedStaging, Recycler
-from medload.data import loader_state
 from medload.data.loader_types import Augment, LoaderTuning, StageClock
 from medload.data.slots import _CACHED_BYTES, _Scale, _SlotBatchSampler, _SlotDataset, _views
 

@@ -37,15 +37,16 @@ Examples:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch.distributed as dist
 
+from medload.data.elastic import ElasticEpoch
 from medload.data.loader_types import LoaderDataset
-from medload.data.samplers import _EpochSampler, _group, _ids, _index_of, _int, _rng, _stable_argsort
+from medload.data.samplers import _group, _ids, _index_of, _int, _rng, _stable_argsort
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
 
@@ -299,11 +300,6 @@ def sample_layout(dataset: LoaderDataset) -> tuple[np.ndarray, np.ndarray, np.nd
     return dataset.index.patients, shard_of_series[series], slices
 
 
-def _first(order: np.ndarray, count: int) -> np.ndarray:
-    """The samples ``count`` positions of ``order`` read."""
-    return order[:count]
-
-
 def _check_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """``(rank, world_size)``; None takes the value of the initialised default process group."""
     if rank is None or world_size is None:
@@ -318,7 +314,7 @@ def _check_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
-class DistributedPatientSampler(_EpochSampler):
+class DistributedPatientSampler(ElasticEpoch):
     """This rank's samples under :func:`assign_ranks`, as torch's ``DistributedSampler`` gives them.
 
     ``indices`` restricts the sampler to some samples (a training or validation split) while the
@@ -457,41 +453,6 @@ class DistributedPatientSampler(_EpochSampler):
         padding = np.zeros(order.size, bool)
         padding[order.size - padded:] = True
         return order, padding, dropped
-
-    def replay(self, segments: Sequence[Sequence[int]], take: Callable[[np.ndarray, int], np.ndarray]) -> np.ndarray:
-        """The samples of this epoch that ``segments`` consumed: each ``[world size, count]`` is a stretch of
-        the epoch every rank of that world size ran for ``count`` steps (``take(order, count)``: the samples
-        of a rank's order those steps read), each stretch following on from the ones before it."""
-        seen = np.zeros(self._ids.size, bool)
-        for n, (world_size, count) in enumerate(segments):
-            before = seen.copy() if n else None
-            for rank in range(_int("world_size", world_size, low=1)):
-                seen[take(self.plan_for(rank, world_size, before)[0], _int("count", count, low=0))] = True
-        return seen
-
-    def continue_epoch(self, segments: Sequence[Sequence[int]], take: Callable[[np.ndarray, int], np.ndarray]) -> None:
-        """Make the rest of this epoch the samples ``segments`` (see :meth:`replay`) left, re-partitioned by
-        patient over this sampler's ranks (elastic resume); later epochs are as usual."""
-        self._segments = [[int(w), int(c)] for w, c in segments]
-        self._seen = self.replay(self._segments, take) if self._segments else None
-        self.position, self._planned = 0, None
-
-    def state_dict(self) -> dict[str, Any]:
-        """As the other samplers' (:class:`~medload.data.samplers.UniformSampler`), with the world size and,
-        after an elastic restore, ``segments``: this epoch's earlier ``[world size, positions]``."""
-        return {**super().state_dict(), "world_size": self.world_size, "segments": [list(s) for s in self._segments]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where ``state`` left off; saved with another world size, the rest of its epoch is
-        re-partitioned by patient over this sampler's ranks (:meth:`continue_epoch`)."""
-        position = int(state.get("position", 0))
-        super().load_state_dict(state)
-        segments = [*state.get("segments", []), [int(state["world_size"]), position]]
-        if segments[-1][0] == self.world_size:  # the same world size: continue its order where it stopped
-            self.continue_epoch(segments[:-1], _first)
-            self.position = position
-        else:
-            self.continue_epoch(segments, _first)
 
     def _indices(self) -> np.ndarray:
         return self._plan()[0]

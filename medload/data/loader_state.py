@@ -100,7 +100,7 @@ def capture(loader: DeviceLoader) -> dict[str, Any]:
     consumed = progress.trainer_count()
     state = stamp({"loader": "DeviceLoader", "epoch": progress.epoch, "batches": consumed,
                    "samples": len(loader.dataset), "batch_size": bucketer.batch_size, "drop_last": bucketer.drop_last})
-    sampler = bucketer.sampler
+    sampler: Any = bucketer.sampler  # a medload sampler has a state; torch's SequentialSampler none
     if hasattr(sampler, "state_dict"):
         state["sampler"] = {**sampler.state_dict(), "position": 0}  # the loader leaves out batches, not indices
     if hasattr(sampler, "continue_epoch"):  # distributed: every rank stepped alike, so counts name all ranks
@@ -124,7 +124,7 @@ def restore(loader: DeviceLoader, state: dict[str, Any]) -> None:
                           "as the run that saved the state did (same dataset, batch_size and drop_last)")
     loader.progress._restored = False
     loader.set_epoch(int(state["epoch"]))  # the sampler's and the augmentation's epoch, before their states
-    sampler = bucketer.sampler
+    sampler: Any = bucketer.sampler
     if ("sampler" in state) != hasattr(sampler, "load_state_dict"):
         raise ConfigError("the state's loader and this one order their samples differently (one has a seeded "
                           "sampler, the other not): build the loader with the run's shuffle=/seed=/sampler=")

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import random
-from collections import Counter
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
+import torch
 from conftest import REPO
 from helpers import elastic_run, resume_run
 
@@ -91,6 +92,27 @@ def test_batches_read_ahead_by_the_workers_count_as_not_seen(store):
     assert state["batches"] == 2 and len(again) == len(first)
     assert [b["index"].tolist() for b in again] == rest
     assert len(taken) + len(rest) == len(first)
+
+
+def test_a_trainer_that_fetches_ahead_gives_its_own_count_of_consumed_batches(store):
+    """A trainer holding a fetched batch it has not stepped on (``progress.consumed``): the state counts the
+    steps, so the held batch and its augmentation draw come again after a restore."""
+    ds = SliceDataset(open_store(store))
+
+    def loader():
+        return make_loader(ds, 3, 2, shuffle=True, seed=6, augment=BatchAugment(seed=1), window="soft_tissue")
+
+    first, steps = loader(), 0
+    first.progress.consumed = lambda: steps
+    batches = iter(first)
+    held = next(batches)
+    for _ in range(2):  # step on the held batch while the next one is fetched
+        held, steps = next(batches), steps + 1
+    state = first.state_dict()
+    assert (state["batches"], state["augment"]["draws"]) == (2, 2) and first.progress.handed == 3
+    again = loader()
+    again.load_state_dict(state)
+    assert torch.equal(next(iter(again))["image"], held["image"])
 
 
 def test_a_state_is_small_versioned_and_refused_where_it_does_not_fit(store):

@@ -23,8 +23,15 @@ from pathlib import Path
 
 import torch
 
-from medload.data import BatchAugment, PatchDataset, SeriesGroupedSampler, SlabDataset, SliceDataset, UniformSampler
-from medload.data import make_loader
+from medload.data import (
+    BatchAugment,
+    PatchDataset,
+    SeriesGroupedSampler,
+    SlabDataset,
+    SliceDataset,
+    UniformSampler,
+    make_loader,
+)
 from medload.storage.store import open_store
 
 EPOCHS, BATCH = 2, 3
