@@ -37,16 +37,14 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from medload.data.buckets import ShapeBucketBatchSampler
 from medload.data.state_version import checked, stamp
 from medload.errors import ConfigError
-
-if TYPE_CHECKING:
-    from medload.data.device_loader import DeviceLoader
 
 __all__ = ["LoaderProgress", "capture", "restore"]
 
@@ -75,6 +73,17 @@ class LoaderProgress:
         if self.consumed is None:
             return self.handed
         return min(max(int(self.consumed()), 0), self.handed)
+
+
+class DeviceLoader(Protocol):
+    """What the state needs of a :class:`~medload.data.device_loader.DeviceLoader` (which imports this module)."""
+
+    loader: torch.utils.data.DataLoader
+    dataset: Any
+    augment: Any
+    progress: LoaderProgress
+
+    def set_epoch(self, epoch: int) -> None: ...
 
 
 def _bucketer(loader: DeviceLoader) -> ShapeBucketBatchSampler:
@@ -108,7 +117,7 @@ def capture(loader: DeviceLoader) -> dict[str, Any]:
         state["segments"] = [*progress.segments, [sampler.world_size, consumed - before]]
         state["sampler"]["segments"] = []
     if hasattr(loader.augment, "state_dict"):
-        augment = loader.augment.state_dict()  # type: ignore[union-attr]
+        augment = loader.augment.state_dict()
         state["augment"] = {**augment, "draws": augment["draws"] - (progress.handed - consumed)}
     return state
 
@@ -133,7 +142,7 @@ def restore(loader: DeviceLoader, state: dict[str, Any]) -> None:
     if ("augment" in state) != hasattr(loader.augment, "load_state_dict"):
         raise ConfigError("the state's loader and this one differ in their augmentation: pass the run's augment=")
     if "augment" in state:
-        loader.augment.load_state_dict(state["augment"])  # type: ignore[union-attr]
+        loader.augment.load_state_dict(state["augment"])
     skip, segments = int(state["batches"]), [[int(w), int(c)] for w, c in state.get("segments", [])]
     if hasattr(sampler, "continue_epoch"):
         if not segments:
