@@ -82,8 +82,8 @@ class ShapeBucketBatchSampler(Sampler[list[int]]):
 
     def resume(self, skip: int, before: int = 0) -> None:
         """Leave out the first ``skip`` batches of the next iteration (a restored loader consumed them), and
-        count ``before`` batches an earlier order of the same epoch gave (an elastic restore) in ``len()``;
-        both hold until that iteration ends."""
+        count ``before`` batches an earlier order of the same epoch gave (an elastic restore) in ``len()``
+        until that iteration ends."""
         self._skip, self._before = _int("skip", skip, low=0), _int("before", before, low=0)
 
     def set_epoch(self, epoch: int) -> None:
@@ -99,13 +99,14 @@ class ShapeBucketBatchSampler(Sampler[list[int]]):
         return self._drawn
 
     def __iter__(self) -> Iterator[list[int]]:
+        skip, self._skip = self._skip, 0  # once: a pass left off early does not skip again
         if self.n_buckets <= 1:  # one shape: stream the sampler, no need to draw the epoch first
             batches = self._batches(iter(self.sampler), None)
         else:
             order, self._drawn = self._draw(), None
             batches = self._batches(iter(order.tolist()), self.buckets[order].tolist())
-        yield from itertools.islice(batches, self._skip, None)
-        self._skip = self._before = 0
+        yield from itertools.islice(batches, skip, None)
+        self._before = 0
 
     def _batches(self, indices: Iterator[int], buckets: list[int] | None) -> Iterator[list[int]]:
         pending: dict[int, list[int]] = {}
