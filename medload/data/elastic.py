@@ -55,7 +55,8 @@ class ElasticEpoch(_EpochSampler):
         patient over this sampler's ranks (elastic resume); later epochs are as usual."""
         self._segments = [[int(w), int(c)] for w, c in segments]
         self._seen = self.replay(self._segments, take) if self._segments else None
-        self.position, self._planned = 0, None
+        self._resume_at(0)
+        self._planned = None
 
     def state_dict(self) -> dict[str, Any]:
         """As the other samplers' (:class:`~medload.data.samplers.UniformSampler`), with the world size and,
@@ -70,6 +71,6 @@ class ElasticEpoch(_EpochSampler):
         segments = [*state.get("segments", []), [int(state["world_size"]), position]]
         if segments[-1][0] == self.world_size:  # the same world size: continue its order where it stopped
             self.continue_epoch(segments[:-1], _first)
-            self.position = position
+            self._resume_at(position)
         else:
             self.continue_epoch(segments, _first)

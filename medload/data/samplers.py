@@ -120,25 +120,30 @@ class _EpochSampler(Sampler[int]):
 
     seed: int
     epoch: int = 0
-    position: int = 0
+    position: int = 0  # indices of this epoch's order yielded
+    _start: int = 0  # where the next iteration starts: 0, or a restored position
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` (deterministic in ``(seed, epoch)``) from the next iteration on."""
         epoch = _int("epoch", epoch, low=0)
         if epoch != self.epoch:
-            self.position = 0
+            self.position = self._start = 0
         self.epoch = epoch
+
+    def _resume_at(self, position: int) -> None:
+        """Start the next iteration at ``position`` of this epoch's order (once; later ones from its start)."""
+        self.position = self._start = _int("position", position, low=0)
 
     def _indices(self) -> np.ndarray:
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[int]:
-        indices, start = self._indices(), self.position
+        indices, start = self._indices(), self._start
+        self.position, self._start = start, 0
         for chunk in range(start - start % _CHUNK, indices.size, _CHUNK):  # Python ints, a chunk at a time
             for i in indices[max(chunk, start):chunk + _CHUNK].tolist():
                 self.position += 1
                 yield i
-        self.position = 0  # the epoch is done: iterating again repeats it from its start
 
     def state_dict(self) -> dict[str, Any]:
         """Seeds and counters that restore this sampler mid-epoch (see the class docstring)."""
@@ -151,7 +156,8 @@ class _EpochSampler(Sampler[int]):
         if state["seed"] != self.seed:
             raise ConfigError(f"the state is of a {state['sampler']} seeded {state['seed']}, this one is seeded "
                               f"{self.seed}: build the sampler with seed={state['seed']} to resume that run")
-        self.epoch, self.position = _int("epoch", state["epoch"], low=0), _int("position", state["position"], low=0)
+        self.epoch = _int("epoch", state["epoch"], low=0)
+        self._resume_at(state["position"])
 
 
 # ---------------------------------------------------------------------------------------------- samplers
@@ -202,7 +208,7 @@ class EpochShuffle(UniformSampler):
         self._given = True
 
     def __iter__(self) -> Iterator[int]:
-        if not self._given and self.position == 0:
+        if not self._given and self._start == 0:
             self.epoch += 1
         self._given = False
         yield from super().__iter__()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from conftest import REPO
@@ -113,6 +114,43 @@ def test_a_trainer_that_fetches_ahead_gives_its_own_count_of_consumed_batches(st
     again = loader()
     again.load_state_dict(state)
     assert torch.equal(next(iter(again))["image"], held["image"])
+
+
+def test_a_sampler_alone_resumes_at_its_position_and_an_abandoned_pass_repeats_from_the_start():
+    sampler = UniformSampler(50, seed=3)
+    sampler.set_epoch(2)
+    whole = list(sampler)
+    taken = iter(sampler)
+    head = [next(taken) for _ in range(7)]
+    state = sampler.state_dict()
+    assert head == whole[:7] and state["position"] == 7 and list(sampler) == whole  # left off: starts again
+    again = UniformSampler(50, seed=3)
+    again.load_state_dict(state)
+    assert list(again) == whole[7:] and list(again) == whole  # the restored place holds for one pass
+
+
+def test_distributed_samplers_alone_restored_on_more_ranks_cover_the_epoch_once():
+    patients = np.repeat(np.arange(7), [5, 3, 8, 2, 6, 4, 5])
+    old = [DistributedPatientSampler(patients, rank=r, world_size=2, seed=1) for r in range(2)]
+    seen = Counter()
+    for sampler in old:
+        sampler.set_epoch(4)
+        steps = iter(sampler)
+        seen.update(next(steps) for _ in range(6))
+    state = old[0].state_dict()
+    padding = Counter()
+    owner = {}
+    for rank in range(3):
+        sampler = DistributedPatientSampler(patients, rank=rank, world_size=3, seed=1)
+        sampler.load_state_dict(state)
+        rest = list(sampler)
+        seen.update(rest)
+        padding.update(i for i, pad in zip(rest, sampler.padding.tolist()) if pad)
+        mine = {int(patients[i]) for i in rest}
+        assert not mine & set(owner), f"patients {mine & set(owner)} on rank {rank} and another"
+        owner.update(dict.fromkeys(mine, rank))
+    seen.subtract(padding)
+    assert seen == Counter(range(patients.size))
 
 
 def test_a_state_is_small_versioned_and_refused_where_it_does_not_fit(store):
