@@ -54,7 +54,7 @@ def _dataset(store, kind: str):
         return SliceDataset(store, context=1)
     if kind == "slab":
         return SlabDataset(store, depth=3, stride=2)
-    return PatchDataset(store, patch=(4, 16, 16), spacing=(2.0, 1.5, 1.5), samples_per_epoch=20, seed=4)
+    return PatchDataset(store, patch=(4, 12, 12), spacing=(2.0, 1.5, 1.5), samples_per_epoch=12, seed=4)
 
 
 def _loader(ds, kind: str, order: str, augment: BatchAugment):
