@@ -76,10 +76,11 @@ def run(store_path: str, kind: str, order: str, log: Path, *, kill_at: int | Non
     loader, sampler = _loader(ds, kind, order, augment)
     state_path = log.with_suffix(".state.json")
     lines, start_epoch, state = 0, 0, None
-    if resume:
-        saved = json.loads(state_path.read_text())
-        lines, state = saved["lines"], saved["state"]
-        start_epoch = state["epoch"]
+    if resume:  # from the last saved state; killed before the first, from the start
+        if state_path.exists():
+            saved = json.loads(state_path.read_text())
+            lines, state = saved["lines"], saved["state"]
+            start_epoch = state["epoch"]
         with log.open("r+") as f:  # steps after the last saved state are redone, as a restored trainer redoes them
             f.truncate(sum(len(line) for line in f.readlines()[:lines]))
     step = lines
