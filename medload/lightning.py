@@ -153,7 +153,7 @@ class StoreDataModule(lightning.LightningDataModule):
         loader = make_loader(ds, self.batch_size, self.num_workers, self._device(), window=self.window,
                              sampler=self._train_sampler(ds), augment=self._augment(), config=self.loader_config,
                              **self.loader_options)
-        if self.trainer is not None:  # Lightning fetches a batch ahead of the step: count the steps it ran
+        if self.trainer is not None:  # count the steps Lightning ran, whatever its fetcher has taken ahead
             loader.progress.consumed = self._batches_processed
         if self._train_state is not None:
             loader.load_state_dict(self._train_state)
@@ -182,7 +182,8 @@ class StoreDataModule(lightning.LightningDataModule):
             self._train_state = None
 
     def _batches_processed(self) -> int:
-        """Batches of this epoch the trainer's steps have taken (Lightning's count; its fetcher runs ahead)."""
+        """Batches of this epoch the trainer's steps have taken (Lightning's count: 2.4-2.6 fetch a loader with
+        a length only as its steps ask, but one without a length a batch ahead)."""
         progress: Any = cast(lightning.Trainer, self.trainer).fit_loop.epoch_loop.batch_progress.current
         return progress.processed
 

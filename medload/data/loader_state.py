@@ -10,9 +10,9 @@ so the counters rebuild the rest of the epoch:
 - **Workers and prefetch.** The loader counts a batch when it hands it to the trainer, so batches the
   workers read ahead (and the buffer slots they fill) are not seen; the restored loader leaves out the
   first ``batches`` batches of the epoch's batching (indices only: nothing is read for them) and reads
-  the rest. A trainer that itself fetches ahead (Lightning fetches one batch before the step that uses
-  it) gives the loader its own count, ``progress.consumed`` (:class:`medload.lightning.StoreDataModule`
-  sets it), and the batches fetched but not stepped on count as not seen.
+  the rest. A trainer that itself fetches ahead (Lightning does for loaders without a length) gives
+  the loader its own count, ``progress.consumed`` (:class:`medload.lightning.StoreDataModule` sets it
+  to Lightning's), and the batches fetched but not stepped on count as not seen.
 - **Shape buckets.** Batches are cut from the sampler's order per matrix size
   (:mod:`medload.data.buckets`), deterministically, so leaving out the first ``batches`` batches of that
   cut is exact, whatever their sizes.
