@@ -40,6 +40,7 @@ from medload.data import (
 from medload.data.index import slice_index
 from medload.data.labelling import check_labels_choice
 from medload.data.splits import PatientSplit, split_patients
+from medload.data.state_version import checked, stamp
 from medload.errors import ConfigError
 from medload.extras import require
 from medload.lineage.record import save
@@ -157,6 +158,8 @@ class StoreDataModule(lightning.LightningDataModule):
         self.window = choose(window, self.loader_config.window, None)
         self.augment, self.sampler, self.val_fraction, self.seed = augment, sampler, val_fraction, seed
         self.device, self.loader_options = device, dict(loader_options or {})
+        self._train_loader: Any = None  # the last training loader built, whose state a checkpoint keeps
+        self._train_state: dict[str, Any] | None = None  # a restored state for the next training loader
         self.split: PatientSplit | None = None
         self.train_dataset: SliceDataset | SlabDataset | PatchDataset | None = None
         self.val_dataset: SliceDataset | SlabDataset | PatchDataset | None = None
@@ -177,13 +180,46 @@ class StoreDataModule(lightning.LightningDataModule):
         self.val_dataset = self._dataset(self.split.val, validation=True) if self.split.val else None
 
     def train_dataloader(self):
-        """Training batches in the chosen sampler's order, new each epoch (Lightning calls ``set_epoch``)."""
+        """Training batches in the chosen sampler's order, new each epoch (Lightning calls ``set_epoch``);
+        after :meth:`load_state_dict`, from where the checkpointed run stopped."""
         ds = self._built(self.train_dataset)
         loader = make_loader(ds, self.batch_size, self.num_workers, self._device(), window=self.window,
                              sampler=self._train_sampler(ds), augment=self._augment(), config=self.loader_config,
                              **self.loader_options)
+        if self.trainer is not None:  # count the steps Lightning ran, whatever its fetcher has taken ahead
+            loader.progress.consumed = self._batches_processed
+        if self._train_state is not None:
+            loader.load_state_dict(self._train_state)
+            self._train_state = None
+        self._train_loader = loader
         self._write_lineage(loader)
         return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the data (Lightning saves it with the model): the training loader's
+        state (:mod:`medload.data.loader_state`) -- seeds and counters -- so that ``Trainer.fit(...,
+        ckpt_path=...)`` of a run stopped mid-epoch resumes at the batch after the last step it saved."""
+        loader = self._train_loader
+        return stamp({"datamodule": type(self).__name__, "seed": self.seed,
+                      "train_loader": None if loader is None else loader.state_dict()})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the training loader from ``state`` (from :meth:`state_dict`) when it is next built; on another
+        number of processes, the rest of the epoch is re-partitioned by patient (``sampler="distributed"``)."""
+        state = checked(state, "datamodule", type(self).__name__)
+        if state["seed"] != self.seed:
+            raise ConfigError(f"the checkpoint's data module was seeded {state['seed']}, this one {self.seed}: pass "
+                              f"seed={state['seed']} to resume that run")
+        self._train_state = state["train_loader"]
+        if self._train_loader is not None and self._train_state is not None:
+            self._train_loader.load_state_dict(self._train_state)
+            self._train_state = None
+
+    def _batches_processed(self) -> int:
+        """Batches of this epoch the trainer's steps have taken (Lightning's count: 2.4-2.6 fetch a loader with
+        a length only as its steps ask, but one without a length a batch ahead)."""
+        progress: Any = cast(lightning.Trainer, self.trainer).fit_loop.epoch_loop.batch_progress.current
+        return progress.processed
 
     def val_dataloader(self):
         """Validation batches in index order (no validation patients: an empty list, which Lightning skips)."""

@@ -62,7 +62,8 @@ def warm(config: MedloadConfig, store: Path, hot_dir: Path | None, hot_budget: s
     """Copy the shards of STORE (or of some series) to the hot directory, verified, within the budget.
 
     With --rank R --world W: only the shards rank R of W reads when it trains on these series with
-    DistributedPatientSampler (by patient, preferring local shards; same --seed as the run).
+    DistributedPatientSampler (by patient, preferring local shards; same --seed as the run), also for the
+    rest of an epoch resumed on W ranks from a state saved on another number (the same assignment).
     """
     from medload.progress import progress_bar
     from medload.storage.cache.hot_shards import HotShards

@@ -32,6 +32,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
+from medload.data.state_version import checked, stamp
 from medload.errors import ConfigError
 
 __all__ = ["AugmentConfig", "AugmentParams", "BatchAugment", "rotation_matrix"]
@@ -223,17 +224,30 @@ class BatchAugment:
         return self
 
     def set_epoch(self, epoch: int) -> None:
-        """Reseed from (seed, epoch), so every epoch's augmentation is reproducible on its own."""
+        """Start the draws of ``epoch``: every epoch's augmentation is reproducible on its own."""
         self.epoch = int(epoch)
         self._draws = 0
-        if self._gen is not None:
-            self._gen.manual_seed(_seed("params", self.seed, self.epoch))
+
+    def state_dict(self) -> dict:
+        """Seeds and counters that restore the draws mid-epoch: ``{"version", "augment", "seed", "epoch",
+        "draws"}`` (batches drawn this epoch; the loader's state counts only those its caller consumed)."""
+        return stamp({"augment": type(self).__name__, "seed": self.seed, "epoch": self.epoch, "draws": self._draws})
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the draws where ``state`` (from :meth:`state_dict`) left off."""
+        state = checked(state, "augment", type(self).__name__)
+        if state["seed"] != self.seed:
+            raise ConfigError(f"the state is of a BatchAugment seeded {state['seed']}, this one is seeded {self.seed}: "
+                              f"use BatchAugment(..., seed={state['seed']}) to resume that run")
+        self.set_epoch(state["epoch"])
+        self._draws = int(state["draws"])
 
     def _generator(self) -> torch.Generator:
-        """The parameter generator on `device`; (re)made there, at the start of this epoch's stream."""
+        """The parameter generator on `device`, seeded for the next draw from (seed, epoch, draw number):
+        each batch's parameters depend on where it is in the epoch only, so a restored state redraws them."""
         if self._gen is None or self._gen.device != self.device:
             self._gen = torch.Generator(device=self.device)
-            self.set_epoch(self.epoch)
+        self._gen.manual_seed(_seed("params", self.seed, self.epoch, self._draws))
         return self._gen
 
     def draw(self, batch_size: int) -> AugmentParams:

@@ -20,6 +20,7 @@ Examples:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sized
 from typing import cast
 
@@ -77,6 +78,13 @@ class ShapeBucketBatchSampler(Sampler[list[int]]):
         self.buckets = np.unique(buckets, return_inverse=True)[1].reshape(-1)  # dense 0..K-1
         self.n_buckets = int(self.buckets.max()) + 1 if self.buckets.size else 0
         self._drawn: np.ndarray | None = None
+        self._skip = self._before = 0  # a restored loader's place in the epoch (resume)
+
+    def resume(self, skip: int, before: int = 0) -> None:
+        """Leave out the first ``skip`` batches of the next iteration (a restored loader consumed them), and
+        count ``before`` batches an earlier order of the same epoch gave (an elastic restore) in ``len()``
+        until that iteration ends."""
+        self._skip, self._before = _int("skip", skip, low=0), _int("before", before, low=0)
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``epoch`` to the sampler (when it has ``set_epoch``) and draw its order anew."""
@@ -91,11 +99,14 @@ class ShapeBucketBatchSampler(Sampler[list[int]]):
         return self._drawn
 
     def __iter__(self) -> Iterator[list[int]]:
+        skip, self._skip = self._skip, 0  # once: a pass left off early does not skip again
         if self.n_buckets <= 1:  # one shape: stream the sampler, no need to draw the epoch first
-            yield from self._batches(iter(self.sampler), None)
-            return
-        order, self._drawn = self._draw(), None
-        yield from self._batches(iter(order.tolist()), self.buckets[order].tolist())
+            batches = self._batches(iter(self.sampler), None)
+        else:
+            order, self._drawn = self._draw(), None
+            batches = self._batches(iter(order.tolist()), self.buckets[order].tolist())
+        yield from itertools.islice(batches, skip, None)
+        self._before = 0
 
     def _batches(self, indices: Iterator[int], buckets: list[int] | None) -> Iterator[list[int]]:
         pending: dict[int, list[int]] = {}
@@ -111,7 +122,7 @@ class ShapeBucketBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         if self.n_buckets <= 1:
             n = len(cast(Sized, self.sampler))  # samplers of a loader have a length (as torch's DataLoader needs)
-            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+            return self._before + (n // self.batch_size if self.drop_last else -(-n // self.batch_size))
         per_bucket = np.bincount(self.buckets[self._draw()], minlength=self.n_buckets)
         full = per_bucket // self.batch_size
-        return int(full.sum() if self.drop_last else (full + (per_bucket % self.batch_size > 0)).sum())
+        return self._before + int(full.sum() if self.drop_last else (full + (per_bucket % self.batch_size > 0)).sum())

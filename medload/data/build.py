@@ -19,6 +19,7 @@ from medload import windows as win
 from medload.data.buckets import shape_buckets
 from medload.data.device_loader import _HALF, DeviceLoader
 from medload.data.loader_types import Augment, LoaderDataset, LoaderTuning, MPContext
+from medload.data.samplers import EpochShuffle
 from medload.data.side_stream import Streams
 from medload.data.slot_ring import COPIES_IN_FLIGHT, SlotRing
 from medload.data.slots import (
@@ -53,7 +54,8 @@ def check_settings(dataset: LoaderDataset, window: str | win.Window | None, dtyp
 
 
 def ordered(dataset: Sized, sampler: Iterable[int] | None, shuffle: bool, seed: int | None) -> Iterable[int]:
-    """The sampler of a loader: the one given, or a seeded random (``shuffle``) or sequential order."""
+    """The sampler of a loader: the one given, or a seeded random (``shuffle``: :class:`EpochShuffle`,
+    which a loader's state restores) or sequential order."""
     if sampler is not None:
         if shuffle or seed is not None:
             raise ConfigError("a sampler decides the order: drop shuffle=/seed= (seed the sampler instead)")
@@ -62,7 +64,7 @@ def ordered(dataset: Sized, sampler: Iterable[int] | None, shuffle: bool, seed: 
         raise ConfigError(f"seed={seed} only orders a shuffled loader: add shuffle=True, or drop the seed")
     if not shuffle:
         return torch.utils.data.SequentialSampler(dataset)
-    return torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed or 0))
+    return EpochShuffle(len(dataset), seed=seed or 0)
 
 
 def build_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one keyword each

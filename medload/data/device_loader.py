@@ -23,6 +23,7 @@ import torch
 
 from medload import windows as win
 from medload.config import affinity_cores
+from medload.data import loader_state
 from medload.data.batch_meta import as_meta_batch, sample_keys
 from medload.data.buffers import Recycler
 from medload.data.lineage import describe
@@ -110,16 +111,29 @@ class DeviceLoader:
         self._recycler = Recycler() if device.type == "cpu" else None
         workers = loader.num_workers
         self._threads = max(1, affinity_cores() - workers) if device.type == "cpu" and workers else None
+        self.progress = loader_state.LoaderProgress()  # where the trainer is in the epoch (state_dict)
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the sampler and the augmentation (reproducible per epoch)."""
+        if not loader_state.set_epoch(self, epoch):
+            return  # the epoch a restored state continues: keep its place
         cast(_SlotBatchSampler, self.loader.batch_sampler).set_epoch(epoch)
         set_augment_epoch = getattr(self.augment, "set_epoch", None)
         if set_augment_epoch is not None:
             set_augment_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        """Seeds and counters that restore this loader to the batch after the last one consumed, workers'
+        read-ahead not counted (:mod:`medload.data.loader_state`)."""
+        return loader_state.capture(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next pass the rest of ``state``'s epoch, as an uninterrupted run would have read it (on
+        another number of ranks: its remaining samples re-partitioned by patient)."""
+        loader_state.restore(self, state)
 
     @property
     def sampler(self) -> DeviceLoader:
@@ -145,10 +159,12 @@ class DeviceLoader:
         cost.enter()
         try:
             mark(None)
+            self.progress.begin()
             batches = iter(self.loader)  # starts the workers (first epoch, or every epoch if not persistent)
             mark("start")
             for out in self._ready(batches, mark, self._feed()):
                 cost.leave(batch=True)
+                self.progress.handed += 1
                 try:
                     yield out
                 finally:  # also when the caller stops early (the generator is closed at its yield)

@@ -44,8 +44,9 @@ import numpy as np
 import numpy.typing as npt
 import torch.distributed as dist
 
+from medload.data.elastic import ElasticEpoch
 from medload.data.loader_types import LoaderDataset
-from medload.data.samplers import _EpochSampler, _group, _ids, _index_of, _int, _rng, _stable_argsort
+from medload.data.samplers import _group, _ids, _index_of, _int, _rng, _stable_argsort
 from medload.errors import ConfigError
 from medload.storage.records import SeriesRecord
 
@@ -313,7 +314,7 @@ def _check_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
-class DistributedPatientSampler(_EpochSampler):
+class DistributedPatientSampler(ElasticEpoch):
     """This rank's samples under :func:`assign_ranks`, as torch's ``DistributedSampler`` gives them.
 
     ``indices`` restricts the sampler to some samples (a training or validation split) while the
@@ -346,22 +347,31 @@ class DistributedPatientSampler(_EpochSampler):
         if even not in _EVEN:
             raise ConfigError(f"even must be one of {', '.join(_EVEN)}; got {even!r}")
         self.seed, self.shuffle, self.even = _int("seed", seed), bool(shuffle), even
-        ids = _ids("patients", patients)
-        owner = assign_ranks(ids, self.world_size, seed=self.seed, shards=shards, weights=weights)
+        self._ids, self._shards, self._weights = _ids("patients", patients), shards, weights
+        self._keep: np.ndarray | None = None
         if indices is not None:
             chosen = np.unique(np.asarray(indices, dtype=np.int64))
-            if chosen.size and (chosen[0] < 0 or chosen[-1] >= ids.size):
-                raise ConfigError(f"indices must be sample positions in 0..{ids.size - 1}")
-            keep = np.zeros(ids.size, bool)
-            keep[chosen] = True
-            owner = np.where(keep, owner, -1)
-        self._mine = np.flatnonzero(owner == self.rank)
+            if chosen.size and (chosen[0] < 0 or chosen[-1] >= self._ids.size):
+                raise ConfigError(f"indices must be sample positions in 0..{self._ids.size - 1}")
+            self._keep = np.zeros(self._ids.size, bool)
+            self._keep[chosen] = True
+        self._owners: dict[int, np.ndarray] = {}
+        owner = self._owner(self.world_size)
         self.lengths = np.bincount(owner[owner >= 0], minlength=self.world_size)
         if even != "none" and self.lengths.min() == 0:
             raise ConfigError(f"samples per rank {self.lengths.tolist()}: a rank would have none to "
                               f"{'repeat' if even == 'pad' else 'keep'}; use fewer ranks (or more patients), "
                               "or even='none' where ranks may run different numbers of steps")
+        self._seen: np.ndarray | None = None  # samples of this epoch consumed before the world size changed
+        self._segments: list[list[int]] = []  # [world size, positions] of this epoch's earlier world sizes
         self._planned: tuple | None = None
+
+    def _owner(self, world_size: int) -> np.ndarray:
+        """The rank of every sample among ``world_size`` ranks (-1: outside ``indices``), computed once."""
+        if world_size not in self._owners:
+            owner = assign_ranks(self._ids, world_size, seed=self.seed, shards=self._shards, weights=self._weights)
+            self._owners[world_size] = owner if self._keep is None else np.where(self._keep, owner, -1)
+        return self._owners[world_size]
 
     @classmethod
     def from_dataset(cls, dataset: LoaderDataset, indices: npt.ArrayLike | None = None, *, cost: Cost = "bytes",
@@ -397,35 +407,52 @@ class DistributedPatientSampler(_EpochSampler):
         """How many of this rank's samples this epoch cuts (``even="truncate"``)."""
         return self._plan()[2]
 
+    def set_epoch(self, epoch: int) -> None:
+        if _int("epoch", epoch, low=0) != self.epoch:
+            self._seen, self._segments, self._planned = None, [], None
+        super().set_epoch(epoch)
+
     def _plan(self) -> tuple[np.ndarray, np.ndarray, int]:
         """(order, padding mask, dropped) for the current epoch, computed once per epoch."""
-        if self._planned is not None and self._planned[0] == self.epoch:
-            return self._planned[1:]
-        mine = self._mine.copy()
+        if self._planned is None or self._planned[0] != self.epoch:
+            self._planned = (self.epoch, *self.plan_for(self.rank, self.world_size, self._seen, warn=True))
+        return self._planned[1:]
+
+    def plan_for(self, rank: int, world_size: int, seen: np.ndarray | None = None, *,
+                 warn: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
+        """(order, padding mask, dropped) of rank ``rank`` of ``world_size`` this epoch; with ``seen`` (a bool
+        per sample: consumed before the world size changed) the rest of the epoch: each sample not seen on
+        the rank the assignment among ``world_size`` ranks gives its patient, so every sample comes once
+        and the ranks read the shards ``medload cache warm --world`` copied for them."""
+        owner = self._owner(world_size)
+        live = owner >= 0 if seen is None else (owner >= 0) & ~seen
+        lengths = np.bincount(owner[live], minlength=world_size)
+        mine = np.flatnonzero(live & (owner == rank))
         if self.shuffle:
-            _shuffled(mine, self.seed, self.epoch, self.rank)
-        lengths, padded, dropped = self.lengths, 0, 0
+            _shuffled(mine, self.seed, self.epoch, rank)
+        padded, dropped = 0, 0
         if self.even == "pad":
             padded = int(lengths.max()) - mine.size
-            order = np.concatenate([mine, np.resize(mine, padded)])
-            if lengths.min() < lengths.max():
+            # repeats of this rank's own samples: of the rest of the epoch, or (none left) of its share
+            source = mine if mine.size or not padded else _shuffled(np.flatnonzero(owner == rank), self.seed,
+                                                                      self.epoch, rank)
+            order = np.concatenate([mine, np.resize(source, padded)])
+            if warn and lengths.min() < lengths.max():
                 log.warning("epoch %d: padded %d samples over %d ranks to %d per rank (this rank %d: %d repeats); "
                             "skip them with sampler.padding in metrics, or use even='truncate'", self.epoch,
-                            int((lengths.max() - lengths).sum()), self.world_size, int(lengths.max()), self.rank,
-                            padded)
+                            int((lengths.max() - lengths).sum()), world_size, int(lengths.max()), rank, padded)
         elif self.even == "truncate":
             dropped = mine.size - int(lengths.min())
             order = mine[: int(lengths.min())]
-            if lengths.max() > lengths.min():
+            if warn and lengths.max() > lengths.min():
                 log.warning("epoch %d: dropped %d of %d samples to cut %d ranks to %d each (this rank %d: %d); "
                             "use even='pad' to keep them", self.epoch, int((lengths - lengths.min()).sum()),
-                            int(lengths.sum()), self.world_size, int(lengths.min()), self.rank, dropped)
+                            int(lengths.sum()), world_size, int(lengths.min()), rank, dropped)
         else:
             order = mine
         padding = np.zeros(order.size, bool)
         padding[order.size - padded:] = True
-        self._planned = (self.epoch, order, padding, dropped)
-        return self._planned[1:]
+        return order, padding, dropped
 
     def _indices(self) -> np.ndarray:
         return self._plan()[0]

@@ -46,6 +46,7 @@ from medload.data.patch_geometry import (
 from medload.data.patch_reads import read_box
 from medload.data.resample import HU_PAD, sample_linear, sample_nearest
 from medload.data.samplers import _int, _rng
+from medload.data.state_version import checked, stamp
 from medload.errors import ConfigError, StoreError
 from medload.lineage.record import LineageRecord
 from medload.storage.records import LabelRecord, SeriesRecord
@@ -173,6 +174,19 @@ class PatchDataset(torch.utils.data.Dataset):
     def set_epoch(self, epoch: int) -> None:
         """Draw the next epoch's patches (``ds[i]`` depends on ``(seed, epoch, i)``)."""
         self.epoch = _int("epoch", epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What decides the patches: ``{"version", "dataset", "seed", "epoch"}`` (the order and the place
+        in the epoch are the sampler's state)."""
+        return stamp({"dataset": type(self).__name__, "seed": self.seed, "epoch": self.epoch})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Draw the patches of ``state``'s epoch; its seed must be this dataset's."""
+        state = checked(state, "dataset", type(self).__name__)
+        if state["seed"] != self.seed:
+            raise ConfigError(f"the state is of a PatchDataset seeded {state['seed']}, this one is seeded {self.seed}: "
+                              f"build it with seed={state['seed']} to resume that run")
+        self.set_epoch(state["epoch"])
 
     # ---- where a patch goes ---------------------------------------------------------------------
     def draw(self, i: int) -> PatchDraw:

@@ -33,12 +33,13 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Sampler
 
+from medload.data.state_version import checked, stamp
 from medload.errors import ConfigError
 
 if TYPE_CHECKING:
     from medload.data.index import SampleIndex
 
-__all__ = ["UniformSampler", "ForegroundSampler", "SeriesGroupedSampler"]
+__all__ = ["UniformSampler", "EpochShuffle", "ForegroundSampler", "SeriesGroupedSampler"]
 
 _CHUNK = 1 << 16  # indices converted to Python ints per step while iterating
 
@@ -109,22 +110,54 @@ def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 class _EpochSampler(Sampler[int]):
-    """Shared ``set_epoch``/``__iter__``/``__len__``: subclasses build ``_indices()`` for ``self.epoch``."""
+    """Shared ``set_epoch``/``__iter__``/``__len__`` and the state: subclasses build ``_indices()`` for
+    ``self.epoch``.
+
+    ``state_dict()`` is ``{"version", "sampler", "seed", "epoch", "position"}``: ``position`` counts the
+    indices of this epoch's order already yielded (or, after ``load_state_dict``, to skip at the start of
+    the next iteration). A DataLoader draws indices ahead of the batches its caller has taken, so behind
+    one use the loader's state (:mod:`medload.data.loader_state`), which counts what was consumed."""
 
     seed: int
     epoch: int = 0
+    position: int = 0  # indices of this epoch's order yielded
+    _start: int = 0  # where the next iteration starts: 0, or a restored position
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` (deterministic in ``(seed, epoch)``) from the next iteration on."""
-        self.epoch = _int("epoch", epoch, low=0)
+        epoch = _int("epoch", epoch, low=0)
+        if epoch != self.epoch:
+            self.position = self._start = 0
+        self.epoch = epoch
+
+    def _resume_at(self, position: int) -> None:
+        """Start the next iteration at ``position`` of this epoch's order (once; later ones from its start)."""
+        self.position = self._start = _int("position", position, low=0)
 
     def _indices(self) -> np.ndarray:
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[int]:
-        indices = self._indices()
-        for start in range(0, indices.size, _CHUNK):  # Python ints, a chunk at a time
-            yield from indices[start:start + _CHUNK].tolist()
+        indices, start = self._indices(), self._start
+        self.position, self._start = start, 0
+        for chunk in range(start - start % _CHUNK, indices.size, _CHUNK):  # Python ints, a chunk at a time
+            for i in indices[max(chunk, start):chunk + _CHUNK].tolist():
+                self.position += 1
+                yield i
+
+    def state_dict(self) -> dict[str, Any]:
+        """Seeds and counters that restore this sampler mid-epoch (see the class docstring)."""
+        return stamp({"sampler": type(self).__name__, "seed": self.seed, "epoch": self.epoch,
+                      "position": self.position})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` (from :meth:`state_dict`) left off: its epoch, from its position."""
+        state = checked(state, "sampler", type(self).__name__)
+        if state["seed"] != self.seed:
+            raise ConfigError(f"the state is of a {state['sampler']} seeded {state['seed']}, this one is seeded "
+                              f"{self.seed}: build the sampler with seed={state['seed']} to resume that run")
+        self.epoch = _int("epoch", state["epoch"], low=0)
+        self._resume_at(state["position"])
 
 
 # ---------------------------------------------------------------------------------------------- samplers
@@ -155,6 +188,30 @@ class UniformSampler(_EpochSampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+class EpochShuffle(UniformSampler):
+    """The order of ``make_loader(shuffle=True, seed=...)``: a :class:`UniformSampler` whose epoch also
+    advances by itself when it is iterated anew without ``set_epoch`` -- a new order every pass, as torch's
+    ``RandomSampler`` gives -- so that a plain loop reshuffles and its state still names the epoch."""
+
+    def __init__(self, n: int, *, seed: int = 0) -> None:
+        super().__init__(n, seed=seed)
+        self._given = True  # the epoch of the next pass is decided: set_epoch, a restored state, or the first
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self._given = True
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._given = True
+
+    def __iter__(self) -> Iterator[int]:
+        if not self._given and self._start == 0:
+            self.epoch += 1
+        self._given = False
+        yield from super().__iter__()
 
 
 class ForegroundSampler(_EpochSampler):

@@ -87,8 +87,8 @@ def test_one_hot_float_label_stays_one_hot_with_background_padding():
 def test_flips_only_are_exact(spatial_dims, shape):
     image = torch.rand(shape, generator=torch.Generator().manual_seed(0))
     label = (image[:, :1] > 0.5).to(torch.uint8)
-    aug = BatchAugment(AugmentConfig(**{**OFF, "flip_prob": 0.5}), seed=2, spatial_dims=spatial_dims)
-    params = aug.draw(shape[0])
+    aug = BatchAugment(AugmentConfig(**{**OFF, "flip_prob": 0.5}), seed=3, spatial_dims=spatial_dims)
+    params = aug.draw(shape[0])  # seed 3: some samples flipped on no axis (1 - (7/8)**16 of seeds in 3D)
     out_img, out_lab = aug.apply(params, image, label)
     assert 0 < params.flip.sum() < params.flip.numel()
     assert (~params.flip.any(1)).any()  # some samples untouched

@@ -57,7 +57,7 @@ def test_buckets_follow_the_series_matrix_sizes(store):
 
 def test_mixed_sizes_load_one_shape_per_batch_every_sample_once(store):
     ds = SliceDataset(store, context=1)
-    loader = make_loader(ds, batch_size=4, num_workers=0, shuffle=True, seed=3)  # torch's RandomSampler: no set_epoch
+    loader = make_loader(ds, batch_size=4, num_workers=0, shuffle=True, seed=3)  # EpochShuffle: no set_epoch
     epochs = []
     for _ in range(2):
         expected = len(loader)
