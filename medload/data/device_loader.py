@@ -16,7 +16,6 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -26,7 +25,7 @@ from medload.config import affinity_cores
 from medload.data import loader_state
 from medload.data.batch_meta import as_meta_batch, sample_keys
 from medload.data.buffers import Recycler
-from medload.data.lineage import describe
+from medload.data.lineage import loader_lineage
 from medload.data.loader_types import Augment, LoaderTuning, StageClock
 from medload.data.next_cost import NextCost
 from medload.data.side_stream import CudaStreams, InFlight, SideStreamFeed, Streams
@@ -144,12 +143,7 @@ class DeviceLoader:
     def lineage(self, **inputs: Any) -> LineageRecord:
         """The lineage record of this loader (:mod:`medload.lineage`): its dataset's, with the batch size, the
         sampler (kind, seed...), window, dtype and augmentation; ``inputs`` add further parts (``split=``...)."""
-        batches = cast(_SlotBatchSampler, self.loader.batch_sampler).batches
-        settings = {"batch_size": batches.batch_size, "drop_last": batches.drop_last,
-                    "sampler": describe(batches.sampler), "num_workers": self.loader.num_workers,
-                    "window": None if self.window is None else asdict(self.window),
-                    "dtype": str(self.dtype).removeprefix("torch."), "augment": describe(self.augment), "meta": self.meta}
-        return self.dataset.lineage(loader=settings, **inputs)
+        return loader_lineage(self, **inputs)
 
     batch_sampler = None  # Lightning looks for one beside ``sampler``; the batching is the loader's own
 

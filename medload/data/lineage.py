@@ -21,7 +21,7 @@ from medload.storage.store import Store
 if TYPE_CHECKING:
     from medload.storage.records import SeriesRecord
 
-__all__ = ["dataset_lineage", "describe", "filters_json"]
+__all__ = ["dataset_lineage", "describe", "filters_json", "loader_lineage"]
 
 _SCALARS = (bool, int, float, str, type(None))
 _VOLATILE = {"epoch"}
@@ -58,3 +58,16 @@ def dataset_lineage(store: Store, records: tuple[SeriesRecord, ...], options: di
     ``filters``, whether it uses ``labels`` and its number of ``samples``; ``inputs`` add further parts."""
     dataset = {**options, "filters": filters_json(filters), "samples": samples}
     return make_record(store, records, labels=labels, dataset=dataset, **inputs)
+
+
+def loader_lineage(loader: Any, **inputs: Any) -> LineageRecord:
+    """``loader.lineage()`` of a :class:`~medload.data.device_loader.DeviceLoader` or a
+    :class:`~medload.data.patch_loader.PatchLoader`: its dataset's record, with the batch size, the sampler
+    (kind, seed...), window, dtype and augmentation; ``inputs`` add further parts (``split=``...)."""
+    batches = loader.loader.batch_sampler.batches  # the shape-bucket batching of both loaders
+    settings = {"batch_size": batches.batch_size, "drop_last": batches.drop_last,
+                "sampler": describe(batches.sampler), "num_workers": loader.loader.num_workers,
+                "window": None if loader.window is None else dataclasses.asdict(loader.window),
+                "dtype": str(loader.dtype).removeprefix("torch."), "augment": describe(loader.augment),
+                "meta": loader.meta}
+    return loader.dataset.lineage(loader=settings, **inputs)

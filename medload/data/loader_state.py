@@ -76,7 +76,9 @@ class LoaderProgress:
 
 
 class DeviceLoader(Protocol):
-    """What the state needs of a :class:`~medload.data.device_loader.DeviceLoader` (which imports this module)."""
+    """What the state needs of a :class:`~medload.data.device_loader.DeviceLoader` or a
+    :class:`~medload.data.patch_loader.PatchLoader` (which import this module): their batching is a
+    :class:`~medload.data.buckets.ShapeBucketBatchSampler` at ``loader.loader.batch_sampler.batches``."""
 
     loader: torch.utils.data.DataLoader
     dataset: Any
@@ -107,7 +109,7 @@ def capture(loader: DeviceLoader) -> dict[str, Any]:
     trainer consumed (see the module docstring)."""
     progress, bucketer = loader.progress, _bucketer(loader)
     consumed = progress.trainer_count()
-    state = stamp({"loader": "DeviceLoader", "epoch": progress.epoch, "batches": consumed,
+    state = stamp({"loader": type(loader).__name__, "epoch": progress.epoch, "batches": consumed,
                    "samples": len(loader.dataset), "batch_size": bucketer.batch_size, "drop_last": bucketer.drop_last})
     sampler: Any = bucketer.sampler  # a medload sampler has a state; torch's SequentialSampler none
     if hasattr(sampler, "state_dict"):
@@ -124,7 +126,7 @@ def capture(loader: DeviceLoader) -> dict[str, Any]:
 
 def restore(loader: DeviceLoader, state: dict[str, Any]) -> None:
     """``loader.load_state_dict(state)``: the next pass over ``loader`` is the rest of the state's epoch."""
-    state = checked(state, "loader", "DeviceLoader")
+    state = checked(state, "loader", type(loader).__name__)
     bucketer = _bucketer(loader)
     here = {"samples": len(loader.dataset), "batch_size": bucketer.batch_size, "drop_last": bucketer.drop_last}
     saved = {name: state[name] for name in here}

@@ -21,7 +21,10 @@ import numpy as np
 import torch
 
 from medload import windows as win
+from medload.data import loader_state
 from medload.data.batch_meta import meta_batch
+from medload.data.buckets import ShapeBucketBatchSampler
+from medload.data.lineage import loader_lineage
 from medload.data.loader_types import Augment, MPContext
 from medload.data.patch_augment import PatchAugment
 from medload.data.patch_device import resample_batch
@@ -31,6 +34,7 @@ from medload.data.patches import PatchDataset
 from medload.data.resample import HU_PAD, grid_matrix
 from medload.devices import checked_device
 from medload.errors import ConfigError
+from medload.lineage.record import LineageRecord
 
 __all__ = ["PatchLoader", "build_patch_loader"]
 
@@ -48,7 +52,8 @@ class _PatchBatches(torch.utils.data.Sampler):
 
     def __init__(self, dataset: PatchDataset, sampler: Iterable[int], batch_size: int, drop_last: bool) -> None:
         self.dataset, self.sampler = dataset, sampler
-        self.batches = torch.utils.data.BatchSampler(cast(torch.utils.data.Sampler, sampler), batch_size, drop_last)
+        # one bucket (every patch has the dataset's shape): the batching a loader's state resumes (loader_state)
+        self.batches = ShapeBucketBatchSampler(sampler, np.zeros(len(dataset), np.int64), batch_size, drop_last)
 
     def __iter__(self) -> Iterator[_PatchBatch]:
         epoch = self.dataset.epoch
@@ -144,12 +149,15 @@ class PatchLoader:
         self.loader, self.dataset, self.device, self.window, self.dtype = loader, dataset, device, window, dtype
         self.augment, self.meta = augment, meta
         self._label_dtype = _torch_dtype(dataset.label_dtype)
+        self.progress = loader_state.LoaderProgress()
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def set_epoch(self, epoch: int) -> None:
         """Draw epoch ``epoch``'s patches (and forward it to the sampler and a batch augmentation)."""
+        if not loader_state.set_epoch(self, epoch):
+            return  # the epoch a restored state continues: keep its place
         self.dataset.set_epoch(epoch)
         for part in (cast(_PatchBatches, self.loader.batch_sampler).sampler, self.augment):
             set_part_epoch = getattr(part, "set_epoch", None)
@@ -161,8 +169,24 @@ class PatchLoader:
         """The loader itself, so that Lightning's ``dataloader.sampler.set_epoch(epoch)`` reaches :meth:`set_epoch`."""
         return self
 
+    def state_dict(self) -> dict:
+        """Seeds and counters that restore this loader to the batch after the last one consumed, workers'
+        read-ahead not counted (:mod:`medload.data.loader_state`; the patches are drawn from ``(seed, epoch,
+        i)``, so the rest of the epoch is the same patches with the same augmentation)."""
+        return loader_state.capture(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next pass the rest of ``state``'s epoch, as an uninterrupted run would have drawn it."""
+        loader_state.restore(self, state)
+
+    def lineage(self, **inputs: Any) -> LineageRecord:
+        """The lineage record of this loader (:mod:`medload.lineage`), as :meth:`DeviceLoader.lineage`."""
+        return loader_lineage(self, **inputs)
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.progress.begin()
         for raw in self.loader:
+            self.progress.handed += 1
             yield self.resample(raw)
 
     def resample(self, raw: dict[str, Any]) -> dict[str, Any]:

@@ -73,3 +73,36 @@ def test_half_precision_is_windowed_then_cast(store):
 def test_settings_the_sample_path_cannot_honour_say_so(store, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         make_loader(_dataset(store), batch_size=2, **kwargs)
+
+
+def test_a_restored_patch_loader_continues_the_epoch_with_the_same_patches_and_augmentation(store):
+    """loader.state_dict() after two batches of epoch 1; a new loader restored from it gives the rest of that
+    epoch as the uninterrupted one did (same indices, same augmented voxels), then the same epoch 2."""
+    from medload.data import PatchAugment
+
+    def build():
+        return make_loader(_dataset(store), batch_size=1, num_workers=2, shuffle=True, seed=3,
+                           augment=PatchAugment(rotate_deg=20, zoom=(0.9, 1.1), p=1.0))
+
+    def epoch(loader, number):
+        loader.set_epoch(number)
+        return [(b["index"].tolist(), b["image"]) for b in loader]
+
+    whole = build()
+    epoch(whole, 0)
+    reference = epoch(whole, 1)
+    cut = build()
+    cut.set_epoch(1)
+    seen = iter(cut)
+    for _ in range(2):
+        next(seen)
+    state = cut.state_dict()
+    assert state["loader"] == "PatchLoader" and state["epoch"] == 1 and state["batches"] == 2
+    del seen
+    restored = build()
+    restored.load_state_dict(state)
+    rest = epoch(restored, 1)
+    assert [i for i, _ in rest] == [i for i, _ in reference[2:]]
+    for (_, a), (_, b) in zip(rest, reference[2:], strict=True):
+        torch.testing.assert_close(a, b)
+    assert [i for i, _ in epoch(restored, 2)] == [i for i, _ in epoch(whole, 2)]

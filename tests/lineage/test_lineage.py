@@ -39,8 +39,9 @@ def cli(*args) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    """Four synthetic series of three patients with RTSTRUCT labels (src/p0s0, p0s1, p1s0, p2s0: one shard),
-    then the sample study with a bone mask (real DICOM) in later shards."""
+    """Four synthetic series of three patients with RTSTRUCT labels (src/p0s0, p0s1, p1s0, p2s0: the first
+    shards, as many as the ingest's tasks wrote), then the sample study with a bone mask (real DICOM) in later
+    shards."""
     root = tmp_path_factory.mktemp("lineage")
     make_labelled_store(root, patients=3)
     add_bone_mask(root / "store", root / "masks")
@@ -164,7 +165,7 @@ def _as_format_2(store: Path) -> None:
 def test_check_names_series_in_a_lost_shard_and_those_repair_removed(built, store, tmp_path):
     record = SliceDataset(open_store(built / "store"), labels="only", classes=FG).lineage()  # the copy stays unopened
     in_first = _first_shard_keys(built / "store")
-    assert len(in_first) == 4
+    assert len(in_first) >= 2  # the synthetic series, written by the ingest's tasks into shards of a few each
     data = shard_path(store, read_manifest(store).shards[0].name) / "data.mdb"
     saved = data.read_bytes()
     data.write_bytes(saved[: len(saved) // 2])
@@ -173,15 +174,17 @@ def test_check_names_series_in_a_lost_shard_and_those_repair_removed(built, stor
     data.write_bytes(saved)
     _as_format_2(store)  # a store that does not list its shards' series: repair ingests those the sources hold
     data.unlink()
-    kept = {_key_of(built / "src" / name, tmp_path / name) for name in ("p0s0", "p0s1")}
-    result = repair_store(store, [built / "src" / "p0s0", built / "src" / "p0s1"], config=CFG)
+    sources = {_key_of(built / "src" / name, tmp_path / name): built / "src" / name
+               for name in ("p0s0", "p0s1", "p1s0", "p2s0")}
+    kept = set(in_first[:-1])  # all but one of the lost shard's series come back from their sources
+    result = repair_store(store, [sources[k] for k in sorted(kept)], config=CFG)
     assert len(result.retired) == 1 and {s.key for s in result.series} == kept
     path = medload.lineage.save(record, tmp_path / "r.json")
     proc = cli("lineage", "check", path, store)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     gone = sorted(set(in_first) - kept)
     assert sorted(line.split(":")[0] for line in proc.stdout.splitlines()[:-1]) == [f"gone  {k}" for k in gone]
-    assert "CHANGED: 2 gone of the 5 series" in proc.stdout
+    assert f"CHANGED: {len(gone)} gone of the 5 series" in proc.stdout
 
 
 def test_export_nnunet_writes_a_record_that_checks(built, tmp_path):
