@@ -14,7 +14,7 @@ them when it opens): after a kill -9 the next run publishes what was committed a
 a run stops on an error or a signal, its task processes are stopped and the series they committed are
 published before it ends, as with one writer.
 
-``--force`` (a few series to replace) is written by this process through the store's writer, which
+With one worker, or ``--force`` (a few series to replace), this process writes through the store's writer, which
 records the replacement (:mod:`medload.storage.live`).
 """
 
@@ -53,6 +53,10 @@ __all__ = ["LocalEngine"]
 log = logging.getLogger(__name__)
 
 _TASKS_PER_WORKER = 2  # batches per task process: enough to even out series of different sizes
+# no task cut below this many bytes of pixels: a small ingest stays one shard (or a few) instead of one per
+# series, and each task's start, shard and fsync are paid for by enough slices (64 of 512 x 512 int16); the
+# 2,048 slices of 512 x 512 of the scaling benchmark are still 32 tasks
+_MIN_TASK_BYTES = 32 << 20
 
 
 class _ProcessRunner:
@@ -124,7 +128,7 @@ class LocalEngine:
         try:
             write_in_tasks(runner, plans, writer, report, parts=_TASKS_PER_WORKER * self.cfg.worker_count,
                            prefix=str(writer.root / "staging" / f"task-{run}-"), setup=(self.pseudo, self.cfg),
-                           progress=progress, labels=labels, name=run)
+                           progress=progress, labels=labels, name=run, floor=_MIN_TASK_BYTES)
             stopping = False
         finally:
             runner.close(stopping)

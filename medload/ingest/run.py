@@ -217,8 +217,8 @@ def _no_dicom(sources: list, report: IngestReport, root: Path) -> NoDicomError:
 
 def _engine(scheduler: str | None, cfg: IngestConfig, pseudo: Pseudonymizer, store: Path,
             forced: bool) -> LocalEngine | DaskEngine:
-    if scheduler is None:
-        return LocalEngine(cfg, pseudo, in_process=forced)
+    if scheduler is None:  # one worker, or --force: this process writes (one shard, the replacements recorded)
+        return LocalEngine(cfg, pseudo, in_process=forced or cfg.worker_count == 1)
     from medload.ingest.dask_engine import DaskEngine
 
     return DaskEngine(scheduler, cfg, pseudo, store)

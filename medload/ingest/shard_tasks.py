@@ -42,10 +42,11 @@ __all__ = ["BatchResult", "TaskRunner", "cut_batches", "isolated_pool", "series_
 log = logging.getLogger(__name__)
 
 
-def cut_batches(sizes: Sequence[int], parts: int, limit: int) -> list[range]:
+def cut_batches(sizes: Sequence[int], parts: int, limit: int, floor: int = 0) -> list[range]:
     """Consecutive runs of items covering ``sizes`` in order, aiming at ``parts`` runs of equal total
-    size: each run holds one item, or items adding up to at most ``min(limit, ceil(total / parts))``."""
-    target = max(1, min(limit, -(-sum(sizes) // max(1, parts))))
+    size: each run holds one item, or items adding up to at most ``min(limit, max(floor, ceil(total /
+    parts)))`` (``floor``: no run cut smaller than that, so a small ingest is not spread over many shards)."""
+    target = max(1, min(limit, max(floor, -(-sum(sizes) // max(1, parts)))))
     runs, start, held = [], 0, 0
     for i, size in enumerate(sizes):
         if i > start and held + size > target:
@@ -101,10 +102,11 @@ class TaskRunner(Protocol):
 
 def write_in_tasks(runner: TaskRunner, plans: list[SeriesPlan], writer: StoreWriter, report: IngestReport, *,
                    parts: int, prefix: str, setup: object, progress: bool, labels: LabelAssigner | None,
-                   name: str = "") -> None:
-    """Write ``plans`` in about ``parts`` tasks of ``runner`` (shards named ``<prefix><batch>-...``) and
-    publish each finished shard; outcomes go to ``report`` in plan order."""
-    batches = cut_batches([_pixel_bytes(p) for p in plans], parts, writer.shard_bytes)
+                   name: str = "", floor: int = 0) -> None:
+    """Write ``plans`` in about ``parts`` tasks of ``runner`` (shards named ``<prefix><batch>-...``; none
+    cut below ``floor`` bytes of pixels, :func:`cut_batches`) and publish each finished shard; outcomes go to
+    ``report`` in plan order."""
+    batches = cut_batches([_pixel_bytes(p) for p in plans], parts, writer.shard_bytes, floor)
     futures = {runner.submit(f"medload-series-{name}-{i}", series_task, [plans[j] for j in b], f"{prefix}{i:06d}",
                              setup): i for i, b in enumerate(batches)}
     results: dict[int, BatchResult] = {}

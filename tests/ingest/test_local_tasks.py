@@ -6,13 +6,15 @@ from __future__ import annotations
 from conftest import store_dump
 
 from medload.config import IngestConfig
+from medload.ingest import local_engine
 from medload.ingest.run import ingest
 from medload.storage.store import open_store
 from medload.storage.verify import verify_store
 from medload.synthetic import SeriesSpec, make_study
 
 
-def test_one_and_three_workers_store_the_same_content(tmp_path):
+def test_one_and_three_workers_store_the_same_content(tmp_path, monkeypatch):
+    monkeypatch.setattr(local_engine, "_MIN_TASK_BYTES", 0)  # these tiny series: one task each, as a large ingest
     src = tmp_path / "src"
     make_study(src, [SeriesSpec(n_slices=4 + i % 3, rows=32, cols=32, orientation="oblique" if i % 2 else "axial")
                      for i in range(7)], seed=5)
@@ -28,3 +30,8 @@ def test_one_and_three_workers_store_the_same_content(tmp_path):
         assert not list((tmp_path / f"w{w}" / "staging").iterdir())
     again = ingest(src, tmp_path / "w3", config=IngestConfig(workers=3, windows=("lung",)))
     assert again.counts["present"] == 7 and again.counts["ingested"] == 0
+    monkeypatch.undo()  # at the default floor, an ingest this small is written by one task, into one shard
+    small = ingest(src, tmp_path / "small", config=IngestConfig(workers=3, windows=("lung",)))
+    shards = open_store(tmp_path / "small").manifest.shards  # and the writer's own, with the ignored file's record
+    assert small.counts["ingested"] == 7 and [s.series for s in shards if s.series] == [7]
+    assert store_dump(open_store(tmp_path / "small")) == store_dump(open_store(tmp_path / "w1"))
