@@ -6,8 +6,8 @@ cold). A target whose row is missing has ``met`` None; a run on a busy machine s
 
 from __future__ import annotations
 
-__all__ = ["PSS_TARGET_MB", "SPEED_TARGETS", "SCALE_TARGETS", "DISK_TARGET", "memory_targets", "speed_targets",
-           "scale_targets"]
+__all__ = ["PSS_TARGET_MB", "SPEED_TARGETS", "SCALE_TARGETS", "DISK_TARGET", "PATCH_TARGETS", "PATCH_PSS_MB",
+           "memory_targets", "speed_targets", "scale_targets", "patch_targets"]
 
 PSS_TARGET_MB = 1000.0
 """The memory target of the medload loader: peak PSS <= 1 GB with 2 workers and a 256 MB L1."""
@@ -80,4 +80,30 @@ def scale_targets(sec: dict) -> list[dict]:
         out.append({"run": f"at scale, page cache cold, {workers} workers", "field": "x_compressed",
                     "measure": "bytes read from disk per sample / stored bytes of its slices", "value": ratio,
                     "target": DISK_TARGET, "met": None if ratio is None else ratio <= DISK_TARGET, "at_most": True})
+    return out
+
+
+#: 3D patches with augmentation (issue 31): (page cache mode, num_workers, at least this many times the
+#: fastest peer's patches/s)
+PATCH_TARGETS = (("warm", 2, 1.5), ("cold", 2, 1.5), ("warm", 0, 1.0), ("cold", 0, 1.0))
+PATCH_PSS_MB = 1500.0
+"""Peak PSS of the medload patch loader with 2 workers, at most (MB)."""
+
+
+def patch_targets(sec: dict) -> list[dict]:
+    """:data:`PATCH_TARGETS` and :data:`PATCH_PSS_MB` against the medload rows of the patch section."""
+    rows = {(r["contender"], r["num_workers"], r["mode"]): r for r in sec.get("rows", []) if not r.get("train")}
+    out = []
+    for mode, workers, least in PATCH_TARGETS:
+        r = rows.get(("medload", workers, mode)) or {}
+        value = r.get("x_best_peer")
+        out.append({"run": f"3D patches, page cache {mode}, {workers} workers", "field": "x_best_peer",
+                    "measure": "x the fastest peer" + (f" ({r['best_peer']})" if r.get("best_peer") else ""),
+                    "value": value, "target": least, "met": None if value is None else value >= least})
+    for mode in sorted({m for _, w, m in rows if w == 2}, reverse=True):
+        r = rows.get(("medload", 2, mode)) or {}
+        value = r.get("peak_pss_mb") if r.get("status") == "ok" else None
+        out.append({"run": f"3D patches, page cache {mode}, 2 workers", "field": "peak_pss_mb",
+                    "measure": "peak PSS MB, process tree", "value": value, "target": PATCH_PSS_MB,
+                    "met": None if value is None else value <= PATCH_PSS_MB, "at_most": True})
     return out
