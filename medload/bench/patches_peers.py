@@ -79,14 +79,13 @@ def _medload(prep: PatchPrep, settings: PatchSettings, workers: int, device: str
                       samples_per_epoch=samples, seed=0, labels=True)
     augment = medload_augmentation(device)
     if _fast_path():
-        loader: Any = make_loader(ds, batch_size=settings.batch_size, num_workers=workers,  # type: ignore[arg-type]
-                                  device=device, window=None, augment=augment)
-        for batch in _forever(loader):
-            yield batch["image"], batch["label"]
-    loader = torch.utils.data.DataLoader(ds, batch_size=settings.batch_size, num_workers=workers,
-                                         persistent_workers=workers > 0)
-    for batch in _forever(loader):
-        yield augment(batch["image"].as_tensor().to(device), batch["label"].as_tensor().to(device))
+        fast: Any = make_loader(ds, batch_size=settings.batch_size, num_workers=workers,  # type: ignore[arg-type]
+                                device=device, window=None, augment=augment)
+        return ((batch["image"], batch["label"]) for batch in _forever(fast))
+    plain = torch.utils.data.DataLoader(ds, batch_size=settings.batch_size, num_workers=workers,
+                                        persistent_workers=workers > 0)
+    return (augment(batch["image"].as_tensor().to(device), batch["label"].as_tensor().to(device))
+            for batch in _forever(plain))
 
 
 _NNUNET_ROTATION = (-math.radians(ROTATE_DEG), math.radians(ROTATE_DEG))
