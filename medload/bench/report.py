@@ -242,6 +242,9 @@ def section_tables(results: dict) -> list[TableSpec]:
     from medload.bench.scale_report import scale_tables
 
     out += scale_tables(results)
+    from medload.bench.patches_report import patch_tables
+
+    out += patch_tables(results)
     if results.get("speed_targets"):
         out.append(_speed_table(results["speed_targets"]))
     if results.get("targets"):

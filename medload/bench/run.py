@@ -59,7 +59,7 @@ from medload.errors import ConfigError
 __all__ = ["run_bench", "BenchConfig", "FULL", "QUICK", "SECTIONS", "readme_tables"]
 
 SECTIONS = ("ingest", "loading", "scaling", "scale", "gpu")
-EXTRA_SECTIONS = ("autotune",)  # run only when named
+EXTRA_SECTIONS = ("autotune", "patches")  # run only when named
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,15 @@ class BenchConfig:
     gpu_warmup: int = 8
     gpu_steps: int = 60
     gpu_workers: tuple[int | str, ...] = (4, "auto")
+    # patches: 3D training patches from anisotropic oblique labelled series (medload.bench.patches)
+    patch_series: int = 64
+    patch_slices: int = 96
+    patch_matrix: int = 384
+    patch_edge: int = 128
+    patch_spacing: float = 1.5
+    patch_warmup: int = 2
+    patch_batches: int = 10
+    patch_repeats: int = 2
     timeout: float = 1800.0
 
 
@@ -115,7 +124,9 @@ FULL = BenchConfig()
 QUICK = BenchConfig(series_25d=3, slices_25d=16, series_3d=2, slices_3d=36, ingest_repeats=3, ingest_warmup=0,
                     workers_3d=(2,), warmup=2, batches=8, repeats=3, max_pass_s=1.0, scaling=(1, 4), user_max_series=3,
                     scale_series=12, scale_slices=48, scale_warmup=4, scale_batches=6, scale_repeats=2,
-                    scale_max_pass_s=2.0, gpu_series=16, gpu_warmup=4, gpu_steps=20, timeout=300.0)
+                    scale_max_pass_s=2.0, gpu_series=16, gpu_warmup=4, gpu_steps=20, patch_series=3,
+                    patch_slices=24, patch_matrix=96, patch_edge=48, patch_spacing=3.0, patch_warmup=1,
+                    patch_batches=3, patch_repeats=1, timeout=300.0)
 """``--quick``: the same contenders on less data with fewer batches, 3D at 2 workers only, no ingest warm-up
 run (the files were just written), a scale section on a store that is no larger than the L1 (a check
 that it runs, not a measurement at scale): under 5 minutes on a 2-core machine."""
@@ -127,6 +138,8 @@ def _command(quick: bool, data: Path | None, sections: Sequence[str], device: st
         parts.append("--quick")
     if "scale" in sections and cfg.scale_series != (QUICK if quick else FULL).scale_series:
         parts.append(f"--scale {cfg.scale_series}")
+    if "patches" in sections and cfg.patch_series != (QUICK if quick else FULL).patch_series:
+        parts.append(f"--patch-series {cfg.patch_series}")
     if data is not None:
         parts.append(f"--data {data}")
     if tuple(sections) != SECTIONS:
@@ -246,6 +259,15 @@ def _run_sections(results: dict, root: Path, cfg: BenchConfig, sections: tuple[s
                                         progress, key)
         if results["scale"].get("status") == "ok":
             results["scale_targets"] = scale_targets(results["scale"])
+    if "patches" in sections:
+        from medload.bench.sections import patches_section
+        from medload.bench.targets import patch_targets
+
+        with clock("patches"):
+            results["patches"] = guarded(patches_section, root / "patches", root / "work-patches", cfg, device,
+                                          progress, key)
+        if results["patches"].get("status") == "ok":
+            results["patch_targets"] = patch_targets(results["patches"])
     results["targets"] = memory_targets(results)
     if "loading" in results:
         results["speed_targets"] = speed_targets(results)

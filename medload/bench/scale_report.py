@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from medload.bench.report import TableSpec, _short, _status, display_name, fmt_int, fmt_pct, fmt_rate, fmt_ratio
 
-__all__ = ["scale_tables", "plot_scale"]
+__all__ = ["scale_tables", "plot_scale", "targets_table"]
 
 
 def _title(sec: dict) -> str:
@@ -34,8 +34,9 @@ def _table(sec: dict) -> TableSpec:
     return t
 
 
-def _targets(targets: list[dict]) -> TableSpec:
-    t = TableSpec("Scale targets, read from the rows above", ["run", "measure", "value", "target", "met"])
+def targets_table(targets: list[dict], title: str = "Scale targets, read from the rows above") -> TableSpec:
+    """A section's targets, each with its value, bound and whether it is met."""
+    t = TableSpec(title, ["run", "measure", "value", "target", "met"])
     for x in targets:
         fmt = fmt_int if x["field"] == "peak_pss_mb" else fmt_ratio
         bound = "<=" if x.get("at_most") else ">="
@@ -53,7 +54,7 @@ def scale_tables(results: dict) -> list[TableSpec]:
         return [TableSpec("Loading at scale", ["section"], [[_status(sec)]], [sec.get("status") == "failed"])]
     out = [_table(sec)]
     if results.get("scale_targets"):
-        out.append(_targets(results["scale_targets"]))
+        out.append(targets_table(results["scale_targets"]))
     return out
 
 

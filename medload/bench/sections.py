@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from medload.bench.run import BenchConfig
 
 __all__ = ["say", "Clock", "guarded", "loading_settings", "samples_per_pass", "ingest_section", "loading_section",
-           "scaling_section", "scale_section", "gpu_settings", "gpu_section"]
+           "scaling_section", "scale_section", "patches_section", "gpu_settings", "gpu_section"]
 
 
 def say(progress: bool, text: str) -> None:
@@ -137,6 +137,22 @@ def scale_section(root: Path, work: Path, cfg: BenchConfig, device: str, progres
                    f"under {root} (kept for the next run there)" if root.exists() else
                    f"scale: writing {settings.series} series x {settings.slices} slices and their peers' formats")
     return run_scale(root, work, settings, key_file=key, device=device, progress=progress)
+
+
+def patches_section(root: Path, work: Path, cfg: BenchConfig, device: str, progress: bool, key: Path) -> dict:
+    """3D patches against nnU-Net's and MONAI's loaders (:mod:`medload.bench.patches`); with CUDA on
+    ``device``, also the training rows of its GPU variant."""
+    from medload.bench.patches import run_patches
+    from medload.bench.patches_data import PatchSettings
+
+    edge = cfg.patch_edge
+    settings = PatchSettings(series=cfg.patch_series, slices=cfg.patch_slices, size=cfg.patch_matrix,
+                             patch=(edge, edge, edge), spacing=cfg.patch_spacing, workers=tuple(cfg.workers),
+                             warmup=cfg.patch_warmup, batches=cfg.patch_batches, repeats=cfg.patch_repeats,
+                             timeout=cfg.timeout, train=device.startswith("cuda"), train_steps=cfg.gpu_steps)
+    say(progress, f"patches: {settings.series} series x {settings.slices} slices of {settings.size}x{settings.size}, "
+                   f"batches of {settings.batch_size} x {edge}^3 at {settings.spacing:g} mm")
+    return run_patches(root, work, settings, key_file=key, device=device, progress=progress)
 
 
 def gpu_settings(cfg: BenchConfig):

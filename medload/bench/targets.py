@@ -7,7 +7,8 @@ cold). A target whose row is missing has ``met`` None; a run on a busy machine s
 from __future__ import annotations
 
 __all__ = ["INGEST_TARGETS", "ingest_targets", "PSS_TARGET_MB", "SPEED_TARGETS", "SCALE_TARGETS", "DISK_TARGET",
-           "GPU_TARGETS", "memory_targets", "speed_targets", "scale_targets", "gpu_targets"]
+           "GPU_TARGETS", "PATCH_TARGETS", "PATCH_PSS_MB", "memory_targets", "speed_targets", "scale_targets",
+           "gpu_targets", "patch_targets"]
 
 PSS_TARGET_MB = 1000.0
 """The memory target of the medload loader: peak PSS <= 1 GB with 2 workers and a 256 MB L1."""
@@ -131,4 +132,30 @@ def gpu_targets(sec: dict) -> list[dict]:
         met = None if value is None else value <= bound if at_most else value >= bound
         out.append({"run": f"gpu, {name}, {workers} workers, page cache {mode}", "field": field, "measure": measure,
                     "value": value, "target": bound, "met": met, "at_most": at_most})
+    return out
+
+
+#: 3D patches with augmentation (issue 31): (page cache mode, num_workers, at least this many times the
+#: fastest peer's patches/s)
+PATCH_TARGETS = (("warm", 2, 1.5), ("cold", 2, 1.5), ("warm", 0, 1.0), ("cold", 0, 1.0))
+PATCH_PSS_MB = 1500.0
+"""Peak PSS of the medload patch loader with 2 workers, at most (MB)."""
+
+
+def patch_targets(sec: dict) -> list[dict]:
+    """:data:`PATCH_TARGETS` and :data:`PATCH_PSS_MB` against the medload rows of the patch section."""
+    rows = {(r["contender"], r["num_workers"], r["mode"]): r for r in sec.get("rows", []) if not r.get("train")}
+    out = []
+    for mode, workers, least in PATCH_TARGETS:
+        r = rows.get(("medload", workers, mode)) or {}
+        value = r.get("x_best_peer")
+        out.append({"run": f"3D patches, page cache {mode}, {workers} workers", "field": "x_best_peer",
+                    "measure": "x the fastest peer" + (f" ({r['best_peer']})" if r.get("best_peer") else ""),
+                    "value": value, "target": least, "met": None if value is None else value >= least})
+    for mode in sorted({m for _, w, m in rows if w == 2}, reverse=True):
+        r = rows.get(("medload", 2, mode)) or {}
+        value = r.get("peak_pss_mb") if r.get("status") == "ok" else None
+        out.append({"run": f"3D patches, page cache {mode}, 2 workers", "field": "peak_pss_mb",
+                    "measure": "peak PSS MB, process tree", "value": value, "target": PATCH_PSS_MB,
+                    "met": None if value is None else value <= PATCH_PSS_MB, "at_most": True})
     return out
