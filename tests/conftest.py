@@ -122,7 +122,7 @@ SLOW_MODULES = frozenset({
     "test_cli_errors.py", "test_crash.py", "test_compact.py", "test_nnunet_export.py", "test_corruption.py",
     "test_bench_run.py", "test_config_names.py", "test_profile.py", "test_distributed.py", "test_verify.py",
     "test_datasets.py", "test_read_path.py", "test_privacy.py", "test_pipeline.py", "test_docs_examples.py",
-    "test_resume.py", "test_lightning_resume.py",
+    "test_resume.py", "test_lightning_resume.py", "test_bench_patches.py", "test_lineage.py", "test_pipeline_patches.py",
 })
 
 
