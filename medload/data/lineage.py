@@ -3,7 +3,8 @@
 
 Samplers and augmentations are described by their kind and their public settings (numbers, text, flags:
 ``seed``, ``p``, ``shuffle``, ``rank``, ``world_size``...; a dataclass config as its fields), so a sampler
-written by the user is recorded too; the epoch, which changes as training runs, is left out.
+written by the user is recorded too; the epoch and a sampler's position in it, which change as training
+runs, are left out.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["dataset_lineage", "describe", "filters_json", "loader_lineage"]
 
 _SCALARS = (bool, int, float, str, type(None))
-_VOLATILE = {"epoch"}
+_VOLATILE = {"epoch", "position"}  # where a run is, not how it was set up: a record must not depend on it
 
 
 def describe(obj: Any) -> dict[str, Any] | None:

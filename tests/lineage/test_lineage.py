@@ -81,6 +81,8 @@ def test_a_record_names_every_series_with_its_digests_and_the_inputs(built, tmp_
     assert loader_in["sampler"] == {"kind": "UniformSampler", "n": len(ds), "num_samples": len(ds),
                                     "replacement": False, "seed": 7}
     assert loader_in["augment"]["seed"] == 5 and loader_in["augment"]["config"]["flip_prob"] == 0.25
+    next(iter(loader))  # a batch later the sampler has a position in its epoch: how it was set up is unchanged
+    assert loader.lineage(split={"seed": 3}).inputs == record.inputs
     assert loader_in["window"] == {"name": "soft_tissue", "width": 400.0, "level": 40.0}
     assert record.store["key_fingerprint"] == st.manifest.key_fingerprint and record.store["series"] == 5
     assert set(record.software) >= {"medload", "torch", "monai", "python"} and record.created.endswith("Z")
