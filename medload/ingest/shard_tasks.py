@@ -34,7 +34,7 @@ from medload.ingest.stages import SeriesPlan, decode_and_write
 from medload.ingest.worker import init_worker
 from medload.progress import progress_bar
 from medload.storage.records import RejectRecord
-from medload.storage.task_shard import TaskShardWriter
+from medload.storage.task_shard import TaskShardWriter, shard_digest
 from medload.storage.writer import StoreWriter
 
 __all__ = ["BatchResult", "TaskRunner", "cut_batches", "isolated_pool", "series_task", "write_in_tasks"]
@@ -66,9 +66,11 @@ def isolated_pool(setup: tuple[Pseudonymizer, IngestConfig]) -> IsolatedPool:
 
 @dataclass
 class BatchResult:
-    """What a series task did: the path of its finished shard (None if it committed nothing) and its report."""
+    """What a series task did: the path of its finished shard (None if it committed nothing), the xxh3-128
+    of its ``data.mdb`` (:func:`~medload.storage.task_shard.shard_digest`) and its report."""
 
     shard: str | None
+    digest: str | None = None
     series: list[SeriesOutcome] = field(default_factory=list)
     rejects: list[RejectRecord] = field(default_factory=list)
     slices: int = 0
@@ -85,7 +87,8 @@ def series_task(plans: list[SeriesPlan], shard_prefix: str, setup: tuple[Pseudon
             decode_and_write(pool, writer, plans, cfg, report, False, None)
         finally:
             held = writer.close()
-    return BatchResult(str(path) if held else None, report.series, report.rejects, report.slices_written)
+    return BatchResult(str(path) if held else None, shard_digest(path) if held else None, report.series, report.rejects,
+                       report.slices_written)
 
 
 class TaskRunner(Protocol):
@@ -123,7 +126,7 @@ def write_in_tasks(runner: TaskRunner, plans: list[SeriesPlan], writer: StoreWri
                 except Exception as exc:  # noqa: BLE001 -- the task failed, not an input
                     result = _failed(batch, exc)
                 if result.shard is not None:
-                    stored = writer.adopt(Path(result.shard))
+                    stored = writer.adopt(Path(result.shard), result.digest)
                     if labels is not None:
                         labels.stored.update(stored)
                 results[i] = result
@@ -147,4 +150,4 @@ def _failed(batch: list[SeriesPlan], exc: BaseException) -> BatchResult:
     log.error("a task writing %d series failed: %s", len(batch), exc)
     outcomes = [SeriesOutcome(p.cand.key.hex(), "failed", p.cand.first.modality, len(p.cand.headers),
                               (len(p.geom.slots), p.cand.first.rows, p.cand.first.cols), reason) for p in batch]
-    return BatchResult(None, outcomes)
+    return BatchResult(None, None, outcomes)

@@ -402,19 +402,22 @@ class StoreWriter:
         env.close()
         self._publish_path(name, staging_path(self.root, name))
 
-    def _publish_path(self, name: str, path: Path) -> None:
+    def _publish_path(self, name: str, path: Path, digest: str | None = None) -> None:
         with disk_full_is_error(self.root, "publish", f"publishing shard {name}"):
             (path / "lock.mdb").unlink(missing_ok=True)
             self.sharing.apply(path)
             target = shard_path(self.root, name)
             os.replace(path, target)
             fsync_dir(target.parent)
-            self._add_to_manifest(name, target)
+            self._add_to_manifest(name, target, digest)
         log.info("published shard %s", name)
 
-    def adopt(self, path: Path) -> dict[bytes, SeriesRecord]:
-        """Publish a shard that another process wrote, synced and closed (a task of an ingest on Dask,
-        see :mod:`medload.ingest.dask_engine`), under a new name; return its series records.
+    def adopt(self, path: Path, digest: str | None = None) -> dict[bytes, SeriesRecord]:
+        """Publish a shard that another process wrote, synced and closed (a task of an ingest on Dask or on
+        this machine's cores, see :mod:`medload.ingest.shard_tasks`), under a new name; return its series
+        records. ``digest``: the xxh3-128 of its ``data.mdb`` as the task that closed it computed it
+        (:func:`~medload.storage.task_shard.shard_digest`), so this process -- the one every shard passes
+        through -- does not read the shard's bytes again; None: computed here.
 
         A shard holding a series the store already has is refused (StoreError) and left where it is:
         publishing it would store that series twice, so a task that ran twice is published once.
@@ -429,7 +432,7 @@ class StoreWriter:
         if twice or found.broken:
             raise StoreError(f"shard {path} holds series already in {self.root} ({', '.join(twice)}) or records that "
                              f"do not parse: not published")
-        self._publish_path(name, path)
+        self._publish_path(name, path, digest)
         for key, record in found.series.items():
             self.series_fingerprints[key] = record.source_fingerprint
         return found.series
@@ -478,11 +481,11 @@ class StoreWriter:
         log.warning("retired shard %s of %s to %s (see %s)", name, self.root, target, note)
         return note
 
-    def _add_to_manifest(self, name: str, path: Path) -> None:
+    def _add_to_manifest(self, name: str, path: Path, digest: str | None = None) -> None:
         keys = read_shard(sh.reader_env(path), name).keys()
         data = path / "data.mdb"
         self.manifest.shards.append(ShardEntry(name=name, series=len(keys.series), bytes=data.stat().st_size,
-                                               digest=file_digest(data), keys=keys))
+                                               digest=digest or file_digest(data), keys=keys))
         write_manifest(self.root, self.manifest)
 
 

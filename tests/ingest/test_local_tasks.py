@@ -8,6 +8,8 @@ from conftest import store_dump
 from medload.config import IngestConfig
 from medload.ingest import local_engine
 from medload.ingest.run import ingest
+from medload.storage import writer as store_writer
+from medload.storage.manifest import file_digest
 from medload.storage.store import open_store
 from medload.storage.verify import verify_store
 from medload.synthetic import SeriesSpec, make_study
@@ -19,14 +21,18 @@ def test_one_and_three_workers_store_the_same_content(tmp_path, monkeypatch):
     make_study(src, [SeriesSpec(n_slices=4 + i % 3, rows=32, cols=32, orientation="oblique" if i % 2 else "axial")
                      for i in range(7)], seed=5)
     (src / "notes.txt").write_text("not DICOM\n")
-    reports = {w: ingest(src, tmp_path / f"w{w}", config=IngestConfig(workers=w, windows=("lung",)))
-               for w in (1, 3)}
+    hashed: list[str] = []  # shards whose bytes the publishing process read to digest them
+    monkeypatch.setattr(store_writer, "file_digest", lambda p: hashed.append(str(p)) or file_digest(p))
+    reports = {3: ingest(src, tmp_path / "w3", config=IngestConfig(workers=3, windows=("lung",)))}
+    assert len(hashed) == 1  # its own shard, with the ignored file's record; each task digests its own shard
+    monkeypatch.setattr(store_writer, "file_digest", file_digest)
+    reports[1] = ingest(src, tmp_path / "w1", config=IngestConfig(workers=1, windows=("lung",)))
     assert reports[1].counts == reports[3].counts and reports[1].counts["ingested"] == 7
     assert [s.key for s in reports[1].series] == [s.key for s in reports[3].series]  # plan order, not finish order
     assert store_dump(open_store(tmp_path / "w1")) == store_dump(open_store(tmp_path / "w3"))
     assert len(open_store(tmp_path / "w3").manifest.shards) > 2  # written by several tasks, published apart
     for w in (1, 3):
-        assert verify_store(tmp_path / f"w{w}").ok
+        assert verify_store(tmp_path / f"w{w}").ok  # the digests the tasks recorded are their shards' own
         assert not list((tmp_path / f"w{w}" / "staging").iterdir())
     again = ingest(src, tmp_path / "w3", config=IngestConfig(workers=3, windows=("lung",)))
     assert again.counts["present"] == 7 and again.counts["ingested"] == 0
