@@ -24,6 +24,7 @@ import pydicom
 import xxhash
 
 from medload import windows as win
+from medload.allocator import keep_large_buffers_in_heap
 from medload.config import IngestConfig
 from medload.deid import Pseudonymizer, create_key, load_key
 from medload.ingest.discover import SourceRef, discover, read_source
@@ -107,6 +108,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--windows", default="", help="window planes to store, as --windows of medload ingest (default none)")
     args = ap.parse_args()
+    keep_large_buffers_in_heap()  # as every ingest worker does: a new slice-sized array must not page-fault
     with tempfile.TemporaryDirectory(prefix="medload-stages-") as tmp:
         times = measure(Path(tmp), args.series, args.slices, args.size, tuple(filter(None, args.windows.split(","))))
     reference = times[0][1]
