@@ -54,8 +54,9 @@ log = logging.getLogger(__name__)
 
 _TASKS_PER_WORKER = 2  # batches per task process: enough to even out series of different sizes
 # no task cut below this many bytes of pixels: a small ingest stays one shard (or a few) instead of one per
-# series, and each task's start, shard and fsync are paid for by enough slices (64 of 512 x 512 int16); the
-# 2,048 slices of 512 x 512 of the scaling benchmark are still 32 tasks
+# series, and each task's start, shard and fsync are paid for by enough slices (64 of 512 x 512 int16); above
+# it, tasks are a share of the ingest (2 per worker): the 2,048 slices of 512 x 512 of the scaling benchmark
+# are 4 tasks of 512 slices at 2 workers
 _MIN_TASK_BYTES = 32 << 20
 
 
