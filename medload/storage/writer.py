@@ -47,7 +47,7 @@ from medload.storage import shard as sh
 from medload.storage.availability import read_shards
 from medload.storage.compact_journal import finish_interrupted
 from medload.storage.keys import match_key, slice_key
-from medload.storage.live import merge, read_shard
+from medload.storage.live import ShardRecords, merge, read_shard
 from medload.storage.manifest import (
     FORMAT_VERSION,
     Manifest,
@@ -402,14 +402,14 @@ class StoreWriter:
         env.close()
         self._publish_path(name, staging_path(self.root, name))
 
-    def _publish_path(self, name: str, path: Path, digest: str | None = None) -> None:
+    def _publish_path(self, name: str, path: Path, digest: str | None = None, found: ShardRecords | None = None) -> None:
         with disk_full_is_error(self.root, "publish", f"publishing shard {name}"):
             (path / "lock.mdb").unlink(missing_ok=True)
             self.sharing.apply(path)
             target = shard_path(self.root, name)
             os.replace(path, target)
             fsync_dir(target.parent)
-            self._add_to_manifest(name, target, digest)
+            self._add_to_manifest(name, target, digest, found)
         log.info("published shard %s", name)
 
     def adopt(self, path: Path, digest: str | None = None) -> dict[bytes, SeriesRecord]:
@@ -432,7 +432,7 @@ class StoreWriter:
         if twice or found.broken:
             raise StoreError(f"shard {path} holds series already in {self.root} ({', '.join(twice)}) or records that "
                              f"do not parse: not published")
-        self._publish_path(name, path, digest)
+        self._publish_path(name, path, digest, found)
         for key, record in found.series.items():
             self.series_fingerprints[key] = record.source_fingerprint
         return found.series
@@ -481,8 +481,10 @@ class StoreWriter:
         log.warning("retired shard %s of %s to %s (see %s)", name, self.root, target, note)
         return note
 
-    def _add_to_manifest(self, name: str, path: Path, digest: str | None = None) -> None:
-        keys = read_shard(sh.reader_env(path), name).keys()
+    def _add_to_manifest(self, name: str, path: Path, digest: str | None = None,
+                         found: ShardRecords | None = None) -> None:
+        """List shard ``name`` in ``store.json``; ``digest`` and ``found`` (its records): computed here unless given."""
+        keys = (found or read_shard(sh.reader_env(path), name)).keys()
         data = path / "data.mdb"
         self.manifest.shards.append(ShardEntry(name=name, series=len(keys.series), bytes=data.stat().st_size,
                                                digest=digest or file_digest(data), keys=keys))
