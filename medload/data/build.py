@@ -23,11 +23,11 @@ from medload.data.samplers import EpochShuffle
 from medload.data.side_stream import Streams
 from medload.data.slot_ring import COPIES_IN_FLIGHT, SlotRing
 from medload.data.slots import (
+    WorkerL1,
     _pass_through,
     _Scale,
     _SlotBatchSampler,
     _SlotDataset,
-    _WorkerL1,
     slot_count,
     worker_l1,
 )
@@ -111,7 +111,7 @@ def build_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one keywo
         num_workers=num_workers, collate_fn=_pass_through,
         prefetch_factor=prefetch_factor if num_workers else None,
         persistent_workers=(num_workers > 0) if persistent_workers is None else persistent_workers,
-        multiprocessing_context=multiprocessing_context, worker_init_fn=_WorkerL1(worker_l1(dataset, num_workers)),
+        multiprocessing_context=multiprocessing_context, worker_init_fn=WorkerL1(worker_l1(dataset, num_workers)),
     )
     return DeviceLoader(loader, buffers, device, window, dtype, augment,
                         pin_memory=pin_memory, tuning=tuning, meta=meta, streams=streams)

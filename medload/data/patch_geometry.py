@@ -30,7 +30,7 @@ from medload.data.layout import sample_affine
 from medload.errors import ConfigError
 
 __all__ = ["axcode_directions", "series_index_affine", "native_directions", "native_spacing", "patch_affine",
-           "voxel_to_voxel", "source_box", "covering_grid"]
+           "voxel_to_voxel", "source_box", "covering_grid", "AXIS_SNAP"]
 
 _LETTERS = {"R": (0, 1.0), "L": (0, -1.0), "A": (1, 1.0), "P": (1, -1.0), "S": (2, 1.0), "I": (2, -1.0)}
 
@@ -107,10 +107,21 @@ def _affine(steps: np.ndarray, origin: np.ndarray) -> np.ndarray:
     return out
 
 
+AXIS_SNAP = 1e-12
+"""Relative size below which a term of :func:`voxel_to_voxel`'s rotation block is float rounding."""
+
+
 def voxel_to_voxel(patch: np.ndarray, series_affine: npt.ArrayLike) -> np.ndarray:
     """4x4: patch index ``(d, h, w)`` to the stored series' index ``(slice, row, column)`` (continuous),
-    ``inv(series index affine) @ patch affine`` -- ITK's and MONAI's resampling transform."""
-    return np.linalg.solve(series_index_affine(series_affine), np.asarray(patch, dtype=np.float64))
+    ``inv(series index affine) @ patch affine`` -- ITK's and MONAI's resampling transform. Terms of its 3x3
+    block below :data:`AXIS_SNAP` of their row's largest are rounding left by the solve (direction cosines
+    of 0 and 1 composed) and are set to exactly 0, so that grids along the series' axes are recognised
+    as such (:mod:`medload.data.separable`); they move no point by more than that fraction of a voxel
+    per voxel of the patch."""
+    m = np.linalg.solve(series_index_affine(series_affine), np.asarray(patch, dtype=np.float64))
+    block = m[:3, :3]
+    block[np.abs(block) < AXIS_SNAP * np.abs(block).max(axis=1, keepdims=True)] = 0.0
+    return m
 
 
 def source_box(v2v: np.ndarray, shape: Sequence[int],

@@ -3,11 +3,14 @@
 Workers (or the trainer, with ``num_workers=0``) place each sample of a batch as ``ds[i]`` does (same seed,
 epoch and draw: :meth:`PatchDataset.locate`), compose any :class:`~medload.data.patch_augment.PatchAugment`
 with its affine, and read only the box of stored voxels that grid touches (:mod:`medload.data.patch_reads`:
-one range read of the image, one of the label, cropped as decoded). A batch crosses to the trainer as the
-crops as stored (int16 HU, uint8 label) padded to the batch's largest box, plus each sample's map from
-patch index to box index; the trainer resamples the whole batch on its device -- one trilinear
-``grid_sample`` for the images, one gather of nearest voxels for the labels (:mod:`medload.data.patch_device`)
--- then windows and casts it.
+one range read of the image, one of the label, cropped as decoded). For a GPU, a batch crosses to the
+trainer as the crops as stored (int16 HU, uint8 label) padded to the batch's largest box, plus each
+sample's map from patch index to box index; the trainer resamples the whole batch on its device -- one
+trilinear ``grid_sample`` for the images, one gather of nearest voxels for the labels
+(:mod:`medload.data.patch_device`) -- then windows and casts it. For a CPU device the workers (or the
+trainer, with none) resample each sample with ``ds[i]``'s own functions before the batch crosses: there the
+trainer's cores are the workers' cores, and a sample whose grid runs along its series' axes takes three
+1D passes (:mod:`medload.data.separable`) rather than a 3D ``grid_sample``.
 
 Every batch carries the epoch it was drawn for, so persistent workers follow :meth:`PatchLoader.set_epoch`.
 """
@@ -31,7 +34,8 @@ from medload.data.patch_device import resample_batch
 from medload.data.patch_geometry import source_box, voxel_to_voxel
 from medload.data.patch_reads import read_box
 from medload.data.patches import PatchDataset
-from medload.data.resample import HU_PAD, grid_matrix
+from medload.data.resample import HU_PAD, grid_matrix, sample_linear, sample_nearest
+from medload.data.slots import WorkerL1, shared_l1
 from medload.devices import checked_device
 from medload.errors import ConfigError
 from medload.lineage.record import LineageRecord
@@ -99,25 +103,56 @@ class _PatchCrops(torch.utils.data.Dataset):
             centres.append(centre)
             foreground.append(draw.foreground)
             keys.append(rec.key)
-        size = np.max([c.shape for c in crops], axis=0).clip(min=1)
-        grids = [grid_matrix(v2v, size) for v2v in maps]
-        image_batch = np.full((len(crops), *size), HU_PAD, dtype=np.result_type(*crops))
-        label_batch = np.zeros((len(crops), *size), ds.label_dtype) if ds.labels else None
-        for k, (image, label) in enumerate(zip(crops, labels)):
-            s, r, c = image.shape
-            image_batch[k, :s, :r, :c] = image
-            if label_batch is not None and label is not None:
-                label_batch[k, :s, :r, :c] = label
         out: dict[str, Any] = {
-            "image": torch.from_numpy(image_batch), "label": None if label_batch is None else torch.from_numpy(label_batch),
-            "grid": torch.from_numpy(np.stack(grids)), "v2v": torch.from_numpy(np.stack(maps)),
-            "affine": torch.from_numpy(np.stack(affines)), "centre": torch.from_numpy(np.stack(centres)),
-            "foreground": torch.tensor(foreground), "index": [int(i) for i in batch], "key": keys}
-        if self.resample:  # CPU training with workers: resampled here, in parallel, not in the trainer
-            out["image"], out["label"] = resample_batch(out["image"], out["label"], out["grid"], out["v2v"], ds.patch,
-                                                        _torch_dtype(ds.label_dtype))
+            "v2v": torch.from_numpy(np.stack(maps)), "affine": torch.from_numpy(np.stack(affines)),
+            "centre": torch.from_numpy(np.stack(centres)), "foreground": torch.tensor(foreground),
+            "index": [int(i) for i in batch], "key": keys}
+        if self.resample:  # a CPU device: each sample resampled here, in the workers when there are any
+            out["image"], out["label"] = self._resampled(crops, labels, maps)
+        else:
+            out["image"], out["label"], out["grid"] = _padded(crops, labels, maps, ds.label_dtype if ds.labels else None)
         out["resampled"] = self.resample
         return out
+
+    def _resampled(self, crops: list[np.ndarray], labels: list[np.ndarray | None],
+                   maps: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each crop resampled alone (``ds[i]``'s own functions): no padding to the batch's largest box, and
+        a grid along the series' axes takes the 1D passes (:mod:`medload.data.separable`)."""
+        ds = self.dataset
+        images = torch.full((len(crops), 1, *ds.patch), HU_PAD, dtype=torch.float32)
+        out_labels = torch.zeros((len(crops), 1, *ds.patch), dtype=_torch_dtype(ds.label_dtype)) if ds.labels else None
+        for k, (image, label, v2v) in enumerate(zip(crops, labels, maps)):
+            if image.size:
+                images[k, 0] = sample_linear(image, v2v, ds.patch)
+            if out_labels is not None and label is not None:
+                out_labels[k, 0] = torch.from_numpy(sample_nearest(label, v2v, ds.patch).astype(ds.label_dtype, copy=False))
+        return images, out_labels
+
+
+def _padded(crops: list[np.ndarray], labels: list[np.ndarray | None], maps: list[np.ndarray],
+            label_dtype: np.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The crops of a batch padded to its largest box (-1024 HU, label 0), and each sample's map into it as
+    ``grid_sample``'s normalised coordinates: what the device resamples (:mod:`medload.data.patch_device`)."""
+    size = np.max([c.shape for c in crops], axis=0).clip(min=1)
+    image_batch = np.full((len(crops), *size), HU_PAD, dtype=np.result_type(*crops))
+    label_batch = np.zeros((len(crops), *size), label_dtype) if label_dtype is not None else None
+    for k, (image, label) in enumerate(zip(crops, labels)):
+        s, r, c = image.shape
+        image_batch[k, :s, :r, :c] = image
+        if label_batch is not None and label is not None:
+            label_batch[k, :s, :r, :c] = label
+    grids = torch.from_numpy(np.stack([grid_matrix(v2v, size) for v2v in maps]))
+    return torch.from_numpy(image_batch), None if label_batch is None else torch.from_numpy(label_batch), grids
+
+
+def _worker_l1(dataset: PatchDataset, num_workers: int) -> int | None:
+    """Each worker's L1 budget: the slice loaders' rule (:func:`~medload.data.slots.worker_l1`) on the
+    series' decoded slices, labels included, which patches read through the same L1."""
+    store = dataset.store
+    label = dataset.label_dtype.itemsize if dataset.labels and dataset.label_dtype is not None else 0
+    per_voxel = {r.key: np.dtype(store.plane_dtype(r.key)).itemsize + label for r in dataset.records}
+    decoded = sum(int(np.prod(r.shape)) * per_voxel[r.key] for r in dataset.records)
+    return shared_l1(store.cache.l1_bytes, decoded, num_workers)
 
 
 def _torch_dtype(dtype: np.dtype | None) -> torch.dtype | None:
@@ -240,9 +275,9 @@ def build_patch_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one
     if bind is not None:  # BatchAugment: the device and dims of these batches, and whether they are 0..1
         after = bind(device=device, spatial_dims=3, scaled=window is not None)
     loader = torch.utils.data.DataLoader(
-        _PatchCrops(dataset, spatial, resample=device.type == "cpu" and num_workers > 0), batch_sampler=_PatchBatches(dataset, sampler, batch_size, drop_last),
+        _PatchCrops(dataset, spatial, resample=device.type == "cpu"), batch_sampler=_PatchBatches(dataset, sampler, batch_size, drop_last),
         num_workers=num_workers, collate_fn=_pass_through, prefetch_factor=prefetch_factor if num_workers else None,
         persistent_workers=(num_workers > 0) if persistent_workers is None else persistent_workers,
-        multiprocessing_context=multiprocessing_context,
+        multiprocessing_context=multiprocessing_context, worker_init_fn=WorkerL1(_worker_l1(dataset, num_workers)),
         pin_memory=device.type == "cuda" if pin_memory is None else bool(pin_memory) and device.type == "cuda")
     return PatchLoader(loader, dataset, device, window, dtype, after, meta)

@@ -10,6 +10,9 @@ The grid is given by :func:`~medload.data.patch_geometry.voxel_to_voxel`'s map f
 - Labels (:func:`sample_nearest`): each point takes the voxel whose centre is nearest
   (``numpy.rint`` of the float64 index, ties to even as ``grid_sample``'s nearest), 0 outside. Values
   are copied, never interpolated.
+
+Where the grid's axes run along the source's (no rotation between them), both factor into 1D passes
+(:mod:`medload.data.separable`), with the same coordinates and rounding.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy.typing as npt
 import torch
 
 from medload.data.patch_geometry import source_box
+from medload.data.separable import axis_pairs, linear_separable, nearest_separable
 
 __all__ = ["source_points", "grid_matrix", "sample_linear", "sample_nearest", "resample_volume", "HU_PAD"]
 
@@ -63,11 +67,17 @@ def sample_linear(volume: np.ndarray | torch.Tensor, v2v: np.ndarray, shape: Seq
     """Trilinear samples of ``volume`` (``(S, R, C)`` or channels first ``(K, S, R, C)``, any numeric dtype;
     the block of the source from voxel ``offset``) on the grid ``shape`` that ``v2v`` maps into the
     source: float32 ``(D, H, W)`` or ``(K, D, H, W)``."""
-    v = torch.as_tensor(volume).to(torch.float32)
+    v = torch.as_tensor(volume).to(torch.float32, copy=bool(pad))
     lone = v.ndim == 3
     v = v[None] if lone else v
     if pad:
-        v = v - pad
+        v.sub_(pad)
+    pairs = axis_pairs(v2v)
+    if pairs is not None:  # axes along the source's: three 1D passes (medload.data.separable)
+        out = linear_separable(v, _shifted(v2v, offset), pairs, shape)
+        if pad:
+            out += pad
+        return out[0] if lone else out
     m = grid_matrix(v2v, v.shape[1:], offset)
     grid = torch.empty((*shape, 3), dtype=torch.float32)
     for k in range(3):
@@ -84,15 +94,21 @@ def sample_nearest(volume: np.ndarray, v2v: np.ndarray, shape: Sequence[int], of
     """Nearest-neighbour samples of ``volume`` ``(S, R, C)`` (the block of the source from voxel ``offset``)
     on the grid ``shape`` that ``v2v`` maps into the source, in its own dtype; ``fill`` outside."""
     m = _shifted(v2v, offset)
-    flat = np.zeros(tuple(shape), dtype=np.int64)
-    inside = np.ones(tuple(shape), dtype=bool)
+    pairs = axis_pairs(m)
+    if pairs is not None:
+        return nearest_separable(volume, m, pairs, shape, fill)
+    # the volume framed by one voxel of ``fill``: every index clipped to the frame lands on the fill
+    framed = np.full(tuple(n + 2 for n in volume.shape), fill, dtype=volume.dtype)
+    framed[1:-1, 1:-1, 1:-1] = volume
+    flat = np.zeros(tuple(shape), dtype=np.intp)
     for k, size in enumerate(volume.shape):
-        index = np.rint(_coordinate(m, shape, k)).astype(np.int64)
-        inside &= (index >= 0) & (index < size)
-        flat = flat * size + index
-    out = np.full(tuple(shape), fill, dtype=volume.dtype)
-    out[inside] = np.ascontiguousarray(volume).reshape(-1)[flat[inside]]
-    return out
+        index = _coordinate(m, shape, k)
+        np.rint(index, out=index)
+        np.clip(index, -1, size, out=index)
+        flat *= size + 2
+        flat += index.astype(np.intp)
+        flat += 1
+    return framed.reshape(-1).take(flat)
 
 
 def resample_volume(volume: np.ndarray | torch.Tensor, v2v: np.ndarray, shape: Sequence[int], pad: float = HU_PAD,

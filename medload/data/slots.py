@@ -51,7 +51,7 @@ from medload.storage.cache.lru import cap_shared
 if TYPE_CHECKING:
     from torch.utils.data._utils.worker import WorkerInfo
 
-__all__ = ["slot_count", "worker_l1", "READ_AHEAD_BATCHES"]
+__all__ = ["slot_count", "worker_l1", "shared_l1", "WorkerL1", "READ_AHEAD_BATCHES"]
 
 
 class _Batch(list):
@@ -226,14 +226,18 @@ def worker_l1(dataset: LoaderDataset, num_workers: int) -> int | None:
     The hit rate stays the same and the peak memory falls (docs/benchmarks.md, "Design measurements"). Data that fit
     keep a whole L1 per worker.
     """
-    l1 = dataset.store.cache.l1_bytes
+    decoded = sum(int(np.prod(r.shape)) for r in dataset.records) * dataset.dtype.itemsize
+    return shared_l1(dataset.store.cache.l1_bytes, decoded, num_workers)
+
+
+def shared_l1(l1: int, decoded: int, num_workers: int) -> int | None:
+    """:func:`worker_l1`'s rule for a dataset of ``decoded`` bytes and an L1 budget ``l1``."""
     if num_workers < 2 or not l1:
         return None
-    decoded = sum(int(np.prod(r.shape)) for r in dataset.records) * dataset.dtype.itemsize
     return l1 // num_workers if decoded > _FAR_LARGER * l1 else None
 
 
-class _WorkerL1:
+class WorkerL1:
     """``worker_init_fn`` of the loader: sets the worker's L1 budget (picklable, for ``spawn``)."""
 
     def __init__(self, budget: int | None) -> None:

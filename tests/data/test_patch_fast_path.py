@@ -16,6 +16,7 @@ from helpers.patch_store import make_patch_store
 from medload.data import AugmentConfig, BatchAugment, PatchAugment, PatchDataset, make_loader
 from medload.data.patch_device import gather_nearest
 from medload.data.patch_geometry import source_box, voxel_to_voxel
+from medload.data.patch_loader import _PatchBatch, _PatchCrops
 from medload.data.resample import sample_linear, sample_nearest, source_points
 from medload.errors import ConfigError
 from medload.storage.observe import ReadObserver
@@ -170,7 +171,8 @@ def test_the_torch_gather_of_labels_a_gpu_runs_equals_the_numpy_one(store, orien
     two slices (2.1 mm over 3 mm slices)."""
     ds = PatchDataset(store, PATCH, spacing, orientation, samples_per_epoch=24, seed=3)
     ties = 0
-    for raw in make_loader(ds, batch_size=4).loader:  # the crops, before the device's resampling
+    crops = _PatchCrops(ds, None, resample=False)  # what a GPU's workers send: the crops, before resampling
+    for raw in (crops.__getitems__(_PatchBatch(list(range(b, b + 4)), 0)) for b in range(0, len(ds), 4)):
         torch_labels = gather_nearest(raw["label"], raw["v2v"], PATCH)
         for k in range(len(raw["index"])):
             expected = sample_nearest(raw["label"][k].numpy(), raw["v2v"][k].numpy(), PATCH)

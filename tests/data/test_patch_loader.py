@@ -106,3 +106,17 @@ def test_a_restored_patch_loader_continues_the_epoch_with_the_same_patches_and_a
     for (_, a), (_, b) in zip(rest, reference[2:], strict=True):
         torch.testing.assert_close(a, b)
     assert [i for i, _ in epoch(restored, 2)] == [i for i, _ in epoch(whole, 2)]
+
+
+def test_workers_share_the_l1_where_the_series_are_far_larger_than_it(store):
+    """Patches read whole stored slices (image and label) through each worker's L1: the slice loaders'
+    rule applies (medload.data.slots.worker_l1), counted on both."""
+    decoded = sum(int(np.prod(r.shape)) for r in _dataset(store).records) * (2 + 1)  # int16 HU + uint8 label
+    small = open_store(store.path, cache=decoded // 10)
+    ds = _dataset(small)
+    loader = make_loader(ds, batch_size=2, num_workers=2)
+    assert loader.loader.worker_init_fn.budget == (decoded // 10) // 2
+    assert next(iter(loader))["image"].shape == (2, 1, 6, 12, 10)
+    assert make_loader(ds, batch_size=2, num_workers=1).loader.worker_init_fn.budget is None
+    roomy = open_store(store.path, cache=decoded)
+    assert make_loader(_dataset(roomy), batch_size=2, num_workers=2).loader.worker_init_fn.budget is None
