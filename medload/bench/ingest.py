@@ -16,6 +16,10 @@ Contenders (each timed run is a fresh process, so none inherits another's import
   commit per series), fed slices decoded, windowed and encoded beforehand (untimed): the files/s one
   writing process absorbs, so a small machine shows how many decode workers one writer could serve.
   Local and Dask tasks write the same task shards.
+- ``medload ingest process capacity``: for every medload ingest row, the files per CPU-second (user + system,
+  ``getrusage(RUSAGE_SELF)``) of the ingest process alone during the timed ingest: the serial part
+  (discovery, headers, grouping, planning, publishing), so a small machine shows whether 16-64 decode
+  workers could be absorbed. Its CPU time is less sensitive to other load than wall time.
 - ``medload ingest on Dask``: the same on a Dask LocalCluster of 1 and N workers (each task decoding in a
   process of its own and writing its own shard, published by the timed process). As imports are for
   the other Python contenders, starting the cluster (about 1 s here) is not timed: it is reported
@@ -50,7 +54,7 @@ import numpy as np
 from medload.bench.common import spread, tree_bytes
 from medload.config import affinity_cores
 
-__all__ = ["IngestContender", "contenders", "run_ingest", "make_data", "replicate", "main"]
+__all__ = ["INGEST_PROCESS", "WRITER", "IngestContender", "contenders", "run_ingest", "make_data", "replicate", "main"]
 
 CODEC = "blosc2-lz4"
 PEERS = {"pydicom": "pydicom read+decode (1 proc)", "dcm2niix": "dcm2niix .nii (1 thread)",
@@ -58,7 +62,11 @@ PEERS = {"pydicom": "pydicom read+decode (1 proc)", "dcm2niix": "dcm2niix .nii (
 """The peers every row is compared with (per core), by short name -> contender name."""
 WRITER = "medload writer capacity (1 process)"
 """The writing side alone, fed slices decoded and encoded beforehand (into a task shard, as local and Dask
-tasks write): what one writing process absorbs."""
+tasks write): what one task's writer absorbs."""
+INGEST_PROCESS = "medload ingest process capacity"
+"""The serial part of a medload ingest row: files per CPU-second of the timed (ingest) process alone --
+discovery, headers received, grouping, planning, publishing -- the files/s it could absorb were it the
+only limit. Reported for every medload ingest row as ``ingest_process_files_per_cpu_s``."""
 
 
 # ---- contenders, each run in its own process -----------------------------------------------------
@@ -123,10 +131,21 @@ def _run_medload(src: Path, store: Path, workers: int, codec: str, scheduler: st
     from medload.ingest import ingest
 
     shutil.rmtree(store, ignore_errors=True)
+    before = _own_cpu_seconds()
     report = ingest(src, store, config=IngestConfig(workers=workers, codec=codec), scheduler=scheduler)
+    cpu = _own_cpu_seconds() - before
     if report.count("ingested") == 0:
         raise RuntimeError(f"medload ingested nothing: {report.counts}")
-    return {"counts": dict(report.counts)}
+    return {"counts": dict(report.counts), "ingest_process_cpu_s": cpu}
+
+
+def _own_cpu_seconds() -> float:
+    """User + system CPU seconds of this process alone (its children, the task and decoding processes, are
+    not counted; on Dask the in-process scheduler is)."""
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
 
 
 def _run_writer(src: Path, store: Path, codec: str) -> dict:
@@ -310,7 +329,11 @@ def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: 
             row.update(seconds=seconds, seconds_median=s["median"], seconds_min=s["min"], seconds_max=s["max"],
                        files_per_s=len(files) / s["median"], mb_per_s=mb / s["median"],
                        files_per_s_per_core=len(files) / s["median"] / c.cores)
-            detail = {k: v for k, v in results[-1].items() if k != "seconds"}
+            cpu = [r["ingest_process_cpu_s"] for r in results if "ingest_process_cpu_s" in r]
+            if cpu:
+                cpu_median = spread(cpu)["median"]
+                row.update(ingest_process_cpu_s=cpu_median, ingest_process_files_per_cpu_s=len(files) / cpu_median)
+            detail = {k: v for k, v in results[-1].items() if k not in ("seconds", "ingest_process_cpu_s")}
             if detail:
                 row["detail"] = detail
             rows.append(row)
@@ -332,7 +355,7 @@ def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: 
 
     return {"status": "ok", "source": source or str(src), "files": len(files), "megabytes": mb, "cores": ncores,
             "repeats": repeats, "warmup": warmup, "rows": rows, "sizes": sizes,
-            "targets": ingest_targets(rows, ncores, WRITER)}
+            "targets": ingest_targets(rows, ncores, WRITER, INGEST_PROCESS)}
 
 
 # ---- data ----------------------------------------------------------------------------------------

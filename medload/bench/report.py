@@ -95,6 +95,11 @@ def _ingest_tables(sec: dict) -> list[TableSpec]:
         if failed_series:
             t.notes.append(f"{r['contender']}: {failed_series} series could not be read: "
                            f"{'; '.join(r['detail'].get('errors', []))}")
+    c = TableSpec("Ingest process (the serial part): its own CPU seconds in the timed ingest (user + system, "
+                  "not its children's)", ["contender", "CPU s", "files per CPU-s"])
+    for r in sec["rows"]:
+        if r.get("ingest_process_cpu_s") is not None:
+            c.add([r["contender"], fmt_s(r["ingest_process_cpu_s"]), fmt_int(r["ingest_process_files_per_cpu_s"])])
     sz = sec["sizes"]
     s = TableSpec("Size on disk", ["form", "MB", "x DICOM"])
     s.add(["DICOM files", fmt_int(sz["dicom_mb"]), "1.00"])
@@ -104,7 +109,7 @@ def _ingest_tables(sec: dict) -> list[TableSpec]:
     for x in sec.get("targets", []):
         g.add([x["run"], x["measure"], fmt_ratio(x["value"]), f">= {fmt_ratio(x['target'])}",
                "-" if x["met"] is None else "yes" if x["met"] else "NO"], failed=x["met"] is False)
-    return [t, s, g] if g.rows else [t, s]
+    return [t, *([c] if c.rows else []), s, *([g] if g.rows else [])]
 
 
 # ---- loading ---------------------------------------------------------------------------------------

@@ -117,6 +117,12 @@ class SliceHeader:
     def frame_bytes(self) -> int:
         return self.rows * self.cols * self.samples_per_pixel * (self.bits_allocated // 8)
 
+    def __reduce__(self) -> tuple[type[SliceHeader], tuple[object, ...]]:
+        """Pickled as its field values in order (``__slots__``), rebuilt by the constructor: the pickling
+        dataclasses give a frozen, slotted class looks up every field for every header, and was the largest
+        cost per file of the ingest process, which receives every header."""
+        return SliceHeader, tuple(getattr(self, name) for name in self.__slots__)
+
 
 def read_headers(ref: SourceRef, pseudo: Pseudonymizer, cfg: IngestConfig) -> list[SliceHeader] | LabelInput:
     """Parse one file's header: one SliceHeader per image plane, or the LabelInput of a SEG/RTSTRUCT.

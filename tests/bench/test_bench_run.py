@@ -8,7 +8,7 @@ import json
 import pytest
 
 from medload.bench import report
-from medload.bench.ingest import WRITER
+from medload.bench.ingest import INGEST_PROCESS, WRITER
 from medload.bench.run import BenchConfig, run_bench
 from medload.errors import ConfigError
 
@@ -53,7 +53,7 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
     printed = printed_rows(text)
     tables = report.section_tables(results)
     assert [t.title.split(":")[0] for t in tables] == [
-        "Ingest", "Size on disk", "Ingest targets (issue 32), read from the rows above", "2.5D loading", "3D loading", "medload against each peer", "Scaling",
+        "Ingest", "Ingest process (the serial part)", "Size on disk", "Ingest targets (issue 32), read from the rows above", "2.5D loading", "3D loading", "medload against each peer", "Scaling",
         "Loading at scale", "Scale targets, read from the rows above", "Speed targets", "Memory target", "GPU"]
     for table in tables:
         for cells, failed in zip(table.rows, table.failed):
@@ -62,8 +62,22 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
     ingest_rows = {r["contender"]: r for r in results["ingest"]["rows"]}
     assert ingest_rows[WRITER]["status"] == "ok" and ingest_rows[WRITER]["files_per_s"] > 0
     one = ingest_rows["medload ingest (1 worker)"]["files_per_s"]
-    capacity = next(t for t in results["ingest"]["targets"] if t["run"] == "writer capacity")
+    capacity = next(t for t in results["ingest"]["targets"] if t["run"] == "one task's writer capacity")
     assert capacity["value"] == pytest.approx(ingest_rows[WRITER]["files_per_s"] / one)
+    # the serial part: every medload ingest row (local and Dask) has the CPU seconds of the ingest process
+    medload_rows = [r for name, r in ingest_rows.items() if name.startswith("medload ingest")]
+    assert len(medload_rows) >= 3 and all(r["status"] == "ok" for r in medload_rows)
+    for r in medload_rows:
+        assert isinstance(r["ingest_process_cpu_s"], float) and r["ingest_process_cpu_s"] > 0
+        assert r["ingest_process_files_per_cpu_s"] == pytest.approx(results["ingest"]["files"] / r["ingest_process_cpu_s"])
+        assert [r["contender"], report.fmt_s(r["ingest_process_cpu_s"]),
+                report.fmt_int(r["ingest_process_files_per_cpu_s"])] in printed
+    cores = results["ingest"]["cores"]
+    widest = ingest_rows[f"medload ingest ({cores} workers)" if cores > 1 else "medload ingest (1 worker)"]
+    absorbed = next(t for t in results["ingest"]["targets"] if t["run"].startswith(INGEST_PROCESS))
+    assert absorbed["run"] == f"{INGEST_PROCESS} ({cores} worker{'s' if cores > 1 else ''})"
+    assert absorbed["value"] == pytest.approx(widest["ingest_process_files_per_cpu_s"] / one)
+    assert absorbed["target"] == 16.0 and absorbed["met"] == (absorbed["value"] >= 16.0)
     # ... and the cells are the dict's numbers
     for sec in results["loading"].values():
         for r in sec["rows"]:

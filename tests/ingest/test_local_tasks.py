@@ -41,3 +41,48 @@ def test_one_and_three_workers_store_the_same_content(tmp_path, monkeypatch):
     shards = open_store(tmp_path / "small").manifest.shards  # and the writer's own, with the ignored file's record
     assert small.counts["ingested"] == 7 and [s.series for s in shards if s.series] == [7]
     assert store_dump(open_store(tmp_path / "small")) == store_dump(open_store(tmp_path / "w1"))
+
+
+def test_the_ingest_freezes_what_it_holds_while_writing_and_unfreezes_it(tmp_path, monkeypatch):
+    """The headers and plans are out of the collector's way while task shards are adopted (gc.freeze), and
+    nothing stays frozen after the ingest; what a caller froze itself it still holds frozen after."""
+    import gc
+
+    monkeypatch.setattr(local_engine, "_MIN_TASK_BYTES", 0)
+    src = tmp_path / "src"
+    make_study(src, [SeriesSpec(n_slices=3, rows=16, cols=16) for _ in range(3)], seed=9)
+    frozen_at_adopt: list[int] = []
+    adopt = store_writer.StoreWriter.adopt
+    monkeypatch.setattr(store_writer.StoreWriter, "adopt",
+                        lambda self, *a, **k: frozen_at_adopt.append(gc.get_freeze_count()) or adopt(self, *a, **k))
+    assert gc.get_freeze_count() == 0
+    report = ingest(src, tmp_path / "store", config=IngestConfig(workers=2))
+    assert report.counts["ingested"] == 3 and len(frozen_at_adopt) >= 2 and min(frozen_at_adopt) > 0
+    assert gc.get_freeze_count() == 0
+    held = [[]]  # a caller's own frozen object: in no generation the collector walks (gc.get_objects)
+    gc.freeze()
+    try:
+        again = ingest(src, tmp_path / "again", config=IngestConfig(workers=2))
+        assert again.counts["ingested"] == 3 and gc.get_freeze_count() > 0
+        assert not any(o is held for o in gc.get_objects())
+    finally:
+        gc.unfreeze()
+    assert any(o is held for o in gc.get_objects()) and gc.get_freeze_count() == 0
+
+
+def test_a_slice_header_pickles_to_an_equal_header():
+    """SliceHeader pickles by its field values in order (its own __reduce__): every field comes back."""
+    import dataclasses
+    import pickle
+
+    from medload.ingest.discover import SourceRef
+    from medload.ingest.headers import SliceHeader
+
+    values = {}
+    for n, f in enumerate(dataclasses.fields(SliceHeader)):  # every field a value of its own, none its default
+        values[f.name] = f"v{n}"
+    values["ref"] = SourceRef("/a/b.dcm", "member", 123, "origin")
+    header = SliceHeader(**values)
+    back = pickle.loads(pickle.dumps(header))
+    assert back == header and type(back) is SliceHeader
+    assert [getattr(back, f.name) for f in dataclasses.fields(SliceHeader)] == list(values.values())

@@ -222,3 +222,19 @@ def test_store_files_are_owner_only(tmp_path, volumes):
     for path in (tmp_path / "s").rglob("*"):
         mode = path.stat().st_mode & 0o777
         assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
+
+
+def test_store_json_is_the_manifest_fields_and_reads_back(tmp_path):
+    """store.json, built without dataclasses.asdict: the same document asdict gives (every field, keys and
+    their lists, a shard without keys as null), and it reads back to the same manifest."""
+    import dataclasses
+    import json
+
+    from medload.storage.manifest import FORMAT_NAME, Manifest, ShardEntry, ShardKeys
+
+    manifest = Manifest(codec="blosc2-lz4", windows=("lung", "bone"), key_fingerprint="f" * 32, created_by="medload x",
+                        shards=[ShardEntry("a", 2, 10, "d" * 32, ShardKeys(("01", "02"), ("03",), ("04",))),
+                                ShardEntry("b", 0, 5, "e" * 32, None)], share="private")
+    text = manifest.to_json()
+    assert text == json.dumps({"format": FORMAT_NAME, **dataclasses.asdict(manifest)}, indent=2, sort_keys=True) + "\n"
+    assert Manifest.from_json(text, tmp_path / "store.json") == manifest
