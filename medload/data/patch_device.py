@@ -10,8 +10,8 @@ coordinates of the padded box (:func:`~medload.data.resample.grid_matrix`), and 
 :func:`resample_batch` then does for the whole batch what :mod:`medload.data.resample` does for one
 sample, with the same arithmetic in the same order: the image by one trilinear ``grid_sample`` in float32
 (less -1024, so the zero padding is air); the label by nearest neighbour, its float64 index rounded half
-to even and gathered (``numpy.rint`` and fancy indexing in ``ds[i]``; on a CPU device that function itself,
-:func:`~medload.data.resample.sample_nearest`, per sample). A gather rather than
+to even and gathered (``numpy.rint`` and fancy indexing in ``ds[i]``, :func:`~medload.data.resample.sample_nearest`;
+a CPU device does not come here: its workers resample each sample as ``ds[i]`` does). A gather rather than
 ``grid_sample(mode="nearest")``: that re-derives the index from normalised float coordinates, and where a
 point lies exactly halfway between two voxels -- a 2.1 mm grid over 3 mm slices has such points -- it
 may round the other way than ``ds[i]``; labels are copied, so they are equal to ``ds[i]``'s bit for bit.
@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from medload.data.resample import HU_PAD, sample_nearest
+from medload.data.resample import HU_PAD
 
 __all__ = ["resample_batch", "coordinates", "gather_nearest"]
 
@@ -55,12 +54,7 @@ def resample_batch(image: torch.Tensor, label: torch.Tensor | None, grid: torch.
         out += pad
     if label is None:
         return out, None
-    if label.device.type == "cpu":  # numpy's fancy indexing, per sample, is several times quicker on a CPU
-        nearest = torch.from_numpy(np.stack([sample_nearest(label[k].numpy(), index[k].numpy(), shape)
-                                             for k in range(label.shape[0])]))
-    else:
-        nearest = gather_nearest(label, index, shape)
-    return out, nearest[:, None].to(label_dtype or label.dtype)
+    return out, gather_nearest(label, index, shape)[:, None].to(label_dtype or label.dtype)
 
 
 def gather_nearest(label: torch.Tensor, index: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:

@@ -34,11 +34,12 @@ from medload.data.patch_device import resample_batch
 from medload.data.patch_geometry import source_box, voxel_to_voxel
 from medload.data.patch_reads import read_box
 from medload.data.patches import PatchDataset
-from medload.data.resample import HU_PAD, grid_matrix, sample_linear, sample_nearest
+from medload.data.resample import HU_PAD, grid_matrix
 from medload.data.slots import WorkerL1, shared_l1
 from medload.devices import checked_device
 from medload.errors import ConfigError
 from medload.lineage.record import LineageRecord
+from medload.storage.records import SeriesRecord
 
 __all__ = ["PatchLoader", "build_patch_loader"]
 
@@ -80,15 +81,46 @@ class _PatchCrops(torch.utils.data.Dataset):
         ds = self.dataset
         ds.set_epoch(batch.epoch)
         records = ds.records
-        crops: list[np.ndarray] = []
-        labels: list[np.ndarray | None] = []
-        maps, affines, centres, foreground, keys = [], [], [], [], []
+        placed, affines, centres, foreground, keys = [], [], [], [], []
         for i in batch:
             centre, draw, affine = ds.locate(i)
             rec = records[draw.series]
             if self.augment is not None:
                 world, grid = self.augment.matrix(ds.seed, ds.epoch, i, centre, ds.patch)
                 affine = world @ affine @ grid
+            placed.append((rec, affine))
+            affines.append(affine)
+            centres.append(centre)
+            foreground.append(draw.foreground)
+            keys.append(rec.key)
+        out: dict[str, Any] = {
+            "affine": torch.from_numpy(np.stack(affines)), "centre": torch.from_numpy(np.stack(centres)),
+            "foreground": torch.tensor(foreground), "index": [int(i) for i in batch], "key": keys}
+        # a CPU device: each sample resampled here, in the workers when there are any, as ds[i] resamples it
+        # (the trainer's cores are the workers'); a GPU: the crops, resampled a batch at a time on it
+        out.update(self._resampled(placed) if self.resample else self._crops(placed))
+        out["resampled"] = self.resample
+        return out
+
+    def _resampled(self, placed: list[tuple[SeriesRecord, np.ndarray]]) -> dict[str, Any]:
+        """Each sample through :meth:`PatchDataset.read_patch`, ``ds[i]``'s own read and resampling."""
+        ds = self.dataset
+        images = torch.empty((len(placed), 1, *ds.patch), dtype=torch.float32)
+        labels = torch.zeros((len(placed), 1, *ds.patch), dtype=_torch_dtype(ds.label_dtype)) if ds.labels else None
+        for k, (rec, affine) in enumerate(placed):
+            image, label = ds.read_patch(rec, affine)
+            images[k, 0] = image
+            if labels is not None and label is not None:
+                labels[k, 0] = torch.from_numpy(label)
+        return {"image": images, "label": labels}
+
+    def _crops(self, placed: list[tuple[SeriesRecord, np.ndarray]]) -> dict[str, Any]:
+        """The box of stored voxels each sample's grid touches, and its map from patch index to box index."""
+        ds = self.dataset
+        crops: list[np.ndarray] = []
+        labels: list[np.ndarray | None] = []
+        maps = []
+        for rec, affine in placed:
             v2v = voxel_to_voxel(affine, rec.affine)
             box = source_box(v2v, ds.patch, rec.shape)
             if box is None:  # wholly outside its series: the padding alone
@@ -99,34 +131,8 @@ class _PatchCrops(torch.utils.data.Dataset):
             crops.append(image)
             labels.append(label)
             maps.append(v2v)
-            affines.append(affine)
-            centres.append(centre)
-            foreground.append(draw.foreground)
-            keys.append(rec.key)
-        out: dict[str, Any] = {
-            "v2v": torch.from_numpy(np.stack(maps)), "affine": torch.from_numpy(np.stack(affines)),
-            "centre": torch.from_numpy(np.stack(centres)), "foreground": torch.tensor(foreground),
-            "index": [int(i) for i in batch], "key": keys}
-        if self.resample:  # a CPU device: each sample resampled here, in the workers when there are any
-            out["image"], out["label"] = self._resampled(crops, labels, maps)
-        else:
-            out["image"], out["label"], out["grid"] = _padded(crops, labels, maps, ds.label_dtype if ds.labels else None)
-        out["resampled"] = self.resample
-        return out
-
-    def _resampled(self, crops: list[np.ndarray], labels: list[np.ndarray | None],
-                   maps: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Each crop resampled alone (``ds[i]``'s own functions): no padding to the batch's largest box, and
-        a grid along the series' axes takes the 1D passes (:mod:`medload.data.separable`)."""
-        ds = self.dataset
-        images = torch.full((len(crops), 1, *ds.patch), HU_PAD, dtype=torch.float32)
-        out_labels = torch.zeros((len(crops), 1, *ds.patch), dtype=_torch_dtype(ds.label_dtype)) if ds.labels else None
-        for k, (image, label, v2v) in enumerate(zip(crops, labels, maps)):
-            if image.size:
-                images[k, 0] = sample_linear(image, v2v, ds.patch)
-            if out_labels is not None and label is not None:
-                out_labels[k, 0] = torch.from_numpy(sample_nearest(label, v2v, ds.patch).astype(ds.label_dtype, copy=False))
-        return images, out_labels
+        image_batch, label_batch, grids = _padded(crops, labels, maps, ds.label_dtype if ds.labels else None)
+        return {"image": image_batch, "label": label_batch, "grid": grids, "v2v": torch.from_numpy(np.stack(maps))}
 
 
 def _padded(crops: list[np.ndarray], labels: list[np.ndarray | None], maps: list[np.ndarray],
