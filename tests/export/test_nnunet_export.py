@@ -170,8 +170,10 @@ def test_a_failed_export_leaves_no_folder(tmp_path):
     last = store.series()[-1]
     assert flip_stored_value(shard_path(path, last.shard), slice_key(last.key_bytes, 3)) >= 1
     raw = tmp_path / "raw"
+    # No L1: this process's L1 is keyed by shard digest, and another test here may have read a byte-identical
+    # shard, whose verified slices would then be served instead of the damaged bytes on disk.
     with pytest.raises(ChecksumError):
-        export_nnunet(path, raw, dataset_id=9, name="Broken", folds=2)
+        export_nnunet(open_store(path, cache=0), raw, dataset_id=9, name="Broken", folds=2)
     assert list(raw.iterdir()) == []
 
 
