@@ -64,7 +64,7 @@ _A = TypeVar("_A")
 
 _INPUT_BITS = 24                 # a marker is (task sequence number << 24) | input index
 _PIPE_BYTES = 1 << 20            # asked for each task pipe (Linux allows up to fs.pipe-max-size, 1 MB)
-_QUEUED = 2                      # tasks sent to one worker at a time: one running, one waiting in its pipe
+_QUEUED = 2                      # tasks sent to one worker at a time (default): one running, one in its pipe
 _START_FAILURES = 3              # workers in a row dying before their first input: give up
 _STOP_SECONDS = 5.0
 _PR_SET_PDEATHSIG = 1            # prctl(2)
@@ -211,7 +211,9 @@ class IsolatedPool:
     """``workers`` supervised processes running ``initializer(*initargs)`` once, then tasks.
 
     ``memory``: data-segment cap per worker in bytes (0: none); ``timeout``: seconds one input may
-    take (0: no limit); ``size``: the number of workers. Use as a context manager; :meth:`submit` tasks, then :meth:`wait` for each (while
+    take (0: no limit); ``size``: the number of workers; ``queued``: how many tasks one worker may hold
+    (one running, the rest waiting in its pipe; a caller that stops taking results for a while, a writer
+    committing, raises it so that the workers work on meanwhile). Use as a context manager; :meth:`submit` tasks, then :meth:`wait` for each (while
     waiting for one, the pool takes in the results of all). A task's result is what ``fn(arg)``
     returned, or a :class:`Lost`.
     """
@@ -220,7 +222,7 @@ class IsolatedPool:
                  timeout: float = 0.0) -> None:
         self._ctx: ForkContext | SpawnContext = (
             mp.get_context("fork") if sys.platform.startswith("linux") else mp.get_context("spawn"))
-        self.size = workers
+        self.size, self.queued = workers, _QUEUED
         self._init = (initializer, initargs)
         self._memory, self._timeout = memory, timeout
         self._tick = min(1.0, max(0.05, timeout / 20)) if timeout else None
@@ -280,10 +282,11 @@ class IsolatedPool:
     def _start(self) -> _Worker:
         tasks_r, tasks_w = self._ctx.Pipe(duplex=False)
         results_r, results_w = self._ctx.Pipe(duplex=False)
-        try:
-            fcntl.fcntl(tasks_w.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-        except (AttributeError, OSError):
-            pass  # not Linux, or the user's pipe quota is spent: the default size works, with less queued
+        for end in (tasks_w, results_w):  # results too: a worker blocks on a full pipe while the writer commits
+            try:
+                fcntl.fcntl(end.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+            except (AttributeError, OSError):
+                pass  # not Linux, or the user's pipe quota is spent: the default size works, with less queued
         marker = self._ctx.RawValue("q", -1)
         inherited = [c for w in self._workers for c in (w.tasks, w.results)] + [tasks_w, results_r]
         process = self._ctx.Process(target=_serve, name="medload-decoder", daemon=True, args=(
@@ -295,9 +298,10 @@ class IsolatedPool:
         return _Worker(process, tasks_w, results_r, marker)
 
     def _room(self, w: _Worker, job: Job[object]) -> bool:
-        """Whether ``w`` may take ``job`` now: it is idle (it reads whatever it is sent), or has one task
-        to go and ``job`` fits in its pipe unread. The rest wait here, for whichever worker frees first."""
-        return not w.sent or (len(w.sent) < _QUEUED and w.sent_bytes + len(job.pickled()) + 16 <= w.capacity)
+        """Whether ``w`` may take ``job`` now: it is idle (it reads whatever it is sent), or holds fewer than
+        :attr:`queued` tasks and ``job`` fits in its pipe unread. The rest wait here, for whichever worker
+        frees first."""
+        return not w.sent or (len(w.sent) < self.queued and w.sent_bytes + len(job.pickled()) + 16 <= w.capacity)
 
     def _dispatch(self) -> None:
         while self._pending:

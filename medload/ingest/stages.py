@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 _HEADER_BATCH = 32
 _CHUNK_BYTES = 8 << 20
+_CHUNKS_QUEUED = 8  # decode chunks one worker may hold (IsolatedPool.queued)
 _MAX_RING_SLOT = 64 << 20  # a chunk larger than this (one huge plane) goes through the pipe instead
 
 
@@ -134,6 +135,9 @@ def decode_and_write(pool: IsolatedPool, writer: StoreWriter | TaskShardWriter, 
     window = 4 * pool.size + 8  # chunks in flight: enough to keep workers busy through a commit's fsync
     ring = SliceRing.create(min(window, len(chunks)), min(_MAX_RING_SLOT, max(_chunk_bound(c, cfg) for c in chunks)))
     current: _SeriesInProgress | None = None
+    # each worker holds up to 8 chunks (about 70 ms of 512 x 512 slices) so it decodes on while this process
+    # commits a series (20-80 ms with its fsync here); with 2 it stalled at every commit (docs/benchmarks.md)
+    queued, pool.queued = pool.queued, _CHUNKS_QUEUED
     try:
         with progress_bar("decoding and writing slices", sum(len(c.slots) for c in chunks), enabled=progress) as advance:
             for chunk, result in _ordered(pool, decode_chunk, chunks, window, ring):
@@ -158,6 +162,7 @@ def decode_and_write(pool: IsolatedPool, writer: StoreWriter | TaskShardWriter, 
                         _finish_series(current, cfg, labels, report)
                         current = None
     finally:
+        pool.queued = queued
         if current is not None:
             current.txn.abort()
         if ring is not None:

@@ -85,6 +85,28 @@ def test_tasks_queued_behind_a_crash_run_on_a_new_worker():
                                                 ["b", "c"]]
 
 
+def _noted_result(arg: tuple[str, int]) -> bytes:
+    """A 48 KB result, after noting in ``path`` that task ``n`` ran to its end."""
+    path, n = arg
+    with open(path, "a") as f:
+        f.write(f"{n}\n")
+    return bytes(48 << 10)
+
+
+def test_a_worker_works_through_its_queue_while_nobody_takes_its_results(tmp_path: Path):
+    """A writer committing a series takes no results for a while: a worker holding ``queued`` tasks runs them
+    all meanwhile -- its results pipe holds theirs (two 48 KB results overfill a default 64 KB pipe)."""
+    done = tmp_path / "done"
+    with IsolatedPool(1, _nothing, ()) as pool:
+        pool.queued = 6
+        jobs = [pool.submit(_noted_result, (str(done), n)) for n in range(6)]
+        deadline = time.monotonic() + 120  # generous: only a blocked worker fails it
+        while not (done.exists() and len(done.read_text().split()) == 6) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done.read_text().split() == [str(n) for n in range(6)]  # every task ran, none result taken yet
+        assert [len(pool.wait(j)) for j in jobs] == [48 << 10] * 6
+
+
 def test_a_task_that_raises_is_a_bug_not_a_bad_input():
     with IsolatedPool(1, _nothing, ()) as pool, pytest.raises(RuntimeError, match="a bug in a task"):
         pool.wait(pool.submit(_items, ["raise"]))
