@@ -11,7 +11,12 @@ Contenders (each timed run is a fresh process, so none inherits another's import
   ``Execute`` for each series (GDCM decodes and rescales), one ITK thread: how ITK users load series.
 - ``medload ingest``: everything ``medload ingest`` does -- header pass, grouping, geometry checks, HU,
   blosc2 encoding, checksums, digests, one LMDB transaction per series, shard publish -- at 1 and N
-  workers; the child tunes its allocator as the ``medload`` command does.
+  workers; the child tunes its allocator as the ``medload`` command does. One worker is more than one
+  core's work: its decoding process decodes while the ingest process writes (LMDB puts, commits, the
+  kernel's copy of every byte into the page cache), so the row ``1 worker, pinned to 1 core`` runs the same
+  ingest with its whole process tree on one CPU (``sched_setaffinity``): the baseline for how throughput
+  grows with the cores. Every local medload row reports ``cores_busy``, the CPU seconds of its whole
+  process tree (``RUSAGE_SELF`` + ``RUSAGE_CHILDREN``, every child reaped by then) per second of the ingest.
 - ``medload writer capacity``: the writing side alone (puts into a task shard, one transaction and a synced
   commit per series), fed slices decoded, windowed and encoded beforehand (untimed): the files/s one
   writing process absorbs, so a small machine shows how many decode workers one writer could serve.
@@ -60,6 +65,8 @@ CODEC = "blosc2-lz4"
 PEERS = {"pydicom": "pydicom read+decode (1 proc)", "dcm2niix": "dcm2niix .nii (1 thread)",
          "simpleitk": "SimpleITK ImageSeriesReader (1 thread)"}
 """The peers every row is compared with (per core), by short name -> contender name."""
+PINNED = "medload ingest (1 worker, pinned to 1 core)"
+"""One worker with its whole process tree on one CPU: one core's throughput, the baseline of the scaling target."""
 WRITER = "medload writer capacity (1 process)"
 """The writing side alone, fed slices decoded and encoded beforehand (into a task shard, as local and Dask
 tasks write): what one task's writer absorbs."""
@@ -131,20 +138,25 @@ def _run_medload(src: Path, store: Path, workers: int, codec: str, scheduler: st
     from medload.ingest import ingest
 
     shutil.rmtree(store, ignore_errors=True)
-    before = _own_cpu_seconds()
+    own, tree, t0 = _cpu_seconds("self"), _cpu_seconds("children"), time.perf_counter()
     report = ingest(src, store, config=IngestConfig(workers=workers, codec=codec), scheduler=scheduler)
-    cpu = _own_cpu_seconds() - before
+    seconds = time.perf_counter() - t0
+    cpu = _cpu_seconds("self") - own
     if report.count("ingested") == 0:
         raise RuntimeError(f"medload ingested nothing: {report.counts}")
-    return {"counts": dict(report.counts), "ingest_process_cpu_s": cpu}
+    out = {"counts": dict(report.counts), "ingest_process_cpu_s": cpu}
+    if scheduler is None:  # a Dask cluster's processes are not this process's children
+        out["cores_busy"] = (cpu + _cpu_seconds("children") - tree) / seconds
+    return out
 
 
-def _own_cpu_seconds() -> float:
-    """User + system CPU seconds of this process alone (its children, the task and decoding processes, are
-    not counted; on Dask the in-process scheduler is)."""
+def _cpu_seconds(who: str) -> float:
+    """User + system CPU seconds of this process alone (``self``: its children, the task and decoding
+    processes, are not counted; on Dask the in-process scheduler is), or of its children that have ended
+    and been waited for, theirs included (``children``)."""
     import resource
 
-    use = resource.getrusage(resource.RUSAGE_SELF)
+    use = resource.getrusage(resource.RUSAGE_SELF if who == "self" else resource.RUSAGE_CHILDREN)
     return use.ru_utime + use.ru_stime
 
 
@@ -195,6 +207,8 @@ def _child(spec: dict) -> dict:
 
             keep_large_buffers_in_heap()  # as the `medload` command does for its own process
             import medload.ingest  # noqa: F401 - imports are not timed
+            if spec.get("pin"):  # this process and every process it starts on one CPU
+                os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
             if spec.get("dask_workers"):
                 t0 = time.perf_counter()
                 scheduler = _started_cluster(stack, spec["dask_workers"])
@@ -283,6 +297,8 @@ def contenders(src: Path, work: Path, *, cores: int, codecs: Sequence[str] = (CO
         out.append(IngestContender(f"medload ingest{flag} (1 worker)", 1,
                                    child(kind="medload", store=str(work / f"store1{tag}"), workers=1, codec=codec)))
         if cores > 1 and codec == CODEC:
+            out.append(IngestContender(PINNED, 1, child(kind="medload", store=str(work / "store1-pinned"), workers=1,
+                                                        codec=codec, pin=True)))
             out.append(IngestContender(f"medload ingest ({cores} workers)", cores,
                                        child(kind="medload", store=str(work / f"storeN{tag}"), workers=cores,
                                              codec=codec)))
@@ -333,7 +349,10 @@ def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: 
             if cpu:
                 cpu_median = spread(cpu)["median"]
                 row.update(ingest_process_cpu_s=cpu_median, ingest_process_files_per_cpu_s=len(files) / cpu_median)
-            detail = {k: v for k, v in results[-1].items() if k not in ("seconds", "ingest_process_cpu_s")}
+            busy = [r["cores_busy"] for r in results if "cores_busy" in r]
+            if busy:
+                row["cores_busy"] = spread(busy)["median"]
+            detail = {k: v for k, v in results[-1].items() if k not in ("seconds", "ingest_process_cpu_s", "cores_busy")}
             if detail:
                 row["detail"] = detail
             rows.append(row)
@@ -355,7 +374,7 @@ def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: 
 
     return {"status": "ok", "source": source or str(src), "files": len(files), "megabytes": mb, "cores": ncores,
             "repeats": repeats, "warmup": warmup, "rows": rows, "sizes": sizes,
-            "targets": ingest_targets(rows, ncores, WRITER, INGEST_PROCESS)}
+            "targets": ingest_targets(rows, ncores, WRITER, INGEST_PROCESS, PINNED)}
 
 
 # ---- data ----------------------------------------------------------------------------------------

@@ -96,10 +96,13 @@ def _ingest_tables(sec: dict) -> list[TableSpec]:
             t.notes.append(f"{r['contender']}: {failed_series} series could not be read: "
                            f"{'; '.join(r['detail'].get('errors', []))}")
     c = TableSpec("Ingest process (the serial part): its own CPU seconds in the timed ingest (user + system, "
-                  "not its children's)", ["contender", "CPU s", "files per CPU-s"])
+                  "not its children's); cores busy: CPU seconds of its whole process tree per second (local rows)",
+                  ["contender", "CPU s", "files per CPU-s", "cores busy"])
     for r in sec["rows"]:
         if r.get("ingest_process_cpu_s") is not None:
-            c.add([r["contender"], fmt_s(r["ingest_process_cpu_s"]), fmt_int(r["ingest_process_files_per_cpu_s"])])
+            busy = r.get("cores_busy")
+            c.add([r["contender"], fmt_s(r["ingest_process_cpu_s"]), fmt_int(r["ingest_process_files_per_cpu_s"]),
+                   "" if busy is None else f"{busy:.2f}"])
     sz = sec["sizes"]
     s = TableSpec("Size on disk", ["form", "MB", "x DICOM"])
     s.add(["DICOM files", fmt_int(sz["dicom_mb"]), "1.00"])

@@ -103,17 +103,22 @@ def scale_targets(sec: dict) -> list[dict]:
 INGEST_TARGETS = {"scaling_per_worker": 0.9, "x_pydicom": 1.2, "process_x_worker": 16.0, "writer_x_worker": 16.0}
 
 
-def ingest_targets(rows: list[dict], cores: int, writer: str, process: str) -> list[dict]:
+def ingest_targets(rows: list[dict], cores: int, writer: str, process: str, pinned: str) -> list[dict]:
     """:data:`INGEST_TARGETS` against the rows of one ingest section (files/s from the medians); ``writer``
-    names the writer row, ``process`` labels the ingest process's capacity (read from the N-worker row)."""
+    names the writer row, ``process`` labels the ingest process's capacity (read from the N-worker row),
+    ``pinned`` names the row of one worker on one core. Scaling is read twice: against one worker as it runs
+    (on a machine with more cores than one, it writes on a second core while it decodes on the first), and
+    against one worker pinned to one core (throughput per core added)."""
     ok = {r["contender"]: r for r in rows if r.get("status") == "ok"}
     rate = {name: r.get("files_per_s") for name, r in ok.items()}
     widest = f"medload ingest ({cores} workers)" if cores > 1 else "medload ingest (1 worker)"
-    one, many, peer = (rate.get("medload ingest (1 worker)"), rate.get(f"medload ingest ({cores} workers)"),
-                       rate.get("pydicom read+decode (1 proc)"))
+    one, many, peer, core = (rate.get("medload ingest (1 worker)"), rate.get(f"medload ingest ({cores} workers)"),
+                             rate.get("pydicom read+decode (1 proc)"), rate.get(pinned))
     absorbed = (ok.get(widest) or {}).get("ingest_process_files_per_cpu_s")
     wanted = [(f"medload ingest, {cores} workers", "x 1 worker (files/s)", many / one if many and one else None,
                INGEST_TARGETS["scaling_per_worker"] * cores),
+              (f"medload ingest, {cores} workers", "x 1 worker pinned to 1 core (files/s)",
+               many / core if many and core else None, INGEST_TARGETS["scaling_per_worker"] * cores),
               ("medload ingest, 1 worker", "x pydicom read+decode, 1 process", one / peer if one and peer else None,
                INGEST_TARGETS["x_pydicom"]),
               (f"{process} ({cores} worker{'s' if cores > 1 else ''})", "files per CPU-s of it x 1 worker (files/s)",
@@ -121,7 +126,7 @@ def ingest_targets(rows: list[dict], cores: int, writer: str, process: str) -> l
               ("one task's writer capacity", "x 1 worker (files/s)",
                rate[writer] / one if rate.get(writer) and one else None, INGEST_TARGETS["writer_x_worker"])]
     if cores < 2:
-        wanted = wanted[1:]
+        wanted = wanted[2:]
     return [{"run": run, "measure": measure, "value": value, "target": least,
              "met": None if value is None else value >= least} for run, measure, value, least in wanted]
 

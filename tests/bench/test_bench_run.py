@@ -8,7 +8,7 @@ import json
 import pytest
 
 from medload.bench import report
-from medload.bench.ingest import INGEST_PROCESS, WRITER
+from medload.bench.ingest import INGEST_PROCESS, PINNED, WRITER
 from medload.bench.run import BenchConfig, run_bench
 from medload.errors import ConfigError
 
@@ -70,9 +70,17 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
     for r in medload_rows:
         assert isinstance(r["ingest_process_cpu_s"], float) and r["ingest_process_cpu_s"] > 0
         assert r["ingest_process_files_per_cpu_s"] == pytest.approx(results["ingest"]["files"] / r["ingest_process_cpu_s"])
+        busy = r.get("cores_busy")
+        assert (busy is None) == ("Dask" in r["contender"])  # a cluster's processes are not the child's children
         assert [r["contender"], report.fmt_s(r["ingest_process_cpu_s"]),
-                report.fmt_int(r["ingest_process_files_per_cpu_s"])] in printed
+                report.fmt_int(r["ingest_process_files_per_cpu_s"]), "" if busy is None else f"{busy:.2f}"] in printed
     cores = results["ingest"]["cores"]
+    if cores > 1:  # one worker pinned to one core: its whole process tree uses at most that core
+        pinned = ingest_rows[PINNED]
+        assert pinned["cores"] == 1 and 0 < pinned["cores_busy"] <= 1.05
+        scaling = next(t for t in results["ingest"]["targets"] if t["measure"].endswith("pinned to 1 core (files/s)"))
+        assert scaling["value"] == pytest.approx(ingest_rows[f"medload ingest ({cores} workers)"]["files_per_s"]
+                                                 / pinned["files_per_s"])
     widest = ingest_rows[f"medload ingest ({cores} workers)" if cores > 1 else "medload ingest (1 worker)"]
     absorbed = next(t for t in results["ingest"]["targets"] if t["run"].startswith(INGEST_PROCESS))
     assert absorbed["run"] == f"{INGEST_PROCESS} ({cores} worker{'s' if cores > 1 else ''})"
