@@ -60,13 +60,26 @@ _TASKS_PER_WORKER = 2  # batches per task process: enough to even out series of 
 _MIN_TASK_BYTES = 32 << 20
 
 
+def _warm_codec(codec: str) -> None:
+    """Import the codec's library by encoding once (blosc2 takes 0.1-0.3 s of CPU to import)."""
+    encode_value(np.zeros((2, 2), np.int16), get_codec(codec))
+
+
+def _task_process_start(codec: str) -> None:
+    """A task process dies with the ingest process (kill -9 too: none writes on into staging/ unsupervised),
+    and imports the codec while the header pass runs: its decoding processes, forked from it, inherit it,
+    and the ingest process, which encodes nothing, never imports it."""
+    die_with_parent()
+    _warm_codec(codec)
+
+
 class _ProcessRunner:
     """Series tasks in ``workers`` processes of this machine (see :class:`~medload.ingest.shard_tasks.TaskRunner`)."""
 
-    def __init__(self, workers: int) -> None:
-        # a task process dies with this one (kill -9 too): none writes on into staging/ unsupervised
-        self.executor = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=die_with_parent)
-        self.executor.submit(os.getpid).result()  # forks every worker now: with "fork", all start at the first task
+    def __init__(self, workers: int, codec: str) -> None:
+        self.executor = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_task_process_start,
+                                            initargs=(codec,))
+        self.executor.submit(os.getpid)  # forks every worker now (with "fork", all at the first task), not waited for
 
     def submit(self, key: str, fn: Callable[..., BatchResult], *args: object) -> Future[BatchResult]:
         return self.executor.submit(fn, *args)
@@ -94,10 +107,11 @@ class LocalEngine:
 
     def __init__(self, cfg: IngestConfig, pseudo: Pseudonymizer, *, in_process: bool = False) -> None:
         self.cfg, self.pseudo = cfg, pseudo
-        # every process is forked here, before the store is opened (py-lmdb's rule for fork), after the codec's
-        # first use: it imports blosc2 (~0.75 s), which every task's decoding process would otherwise import again
-        encode_value(np.zeros((2, 2), np.int16), get_codec(cfg.codec))
-        self.runner = None if in_process else _ProcessRunner(cfg.worker_count)
+        # every process is forked here, before the store is opened (py-lmdb's rule for fork); writing in this
+        # process, its decoding processes inherit the codec imported here, else each task process imports it
+        if in_process:
+            _warm_codec(cfg.codec)
+        self.runner = None if in_process else _ProcessRunner(cfg.worker_count, cfg.codec)
         self.pool = IsolatedPool(cfg.worker_count, init_worker, (pseudo, cfg), memory=cfg.worker_memory,
                                  timeout=cfg.decode_timeout)
 
