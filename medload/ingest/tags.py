@@ -25,7 +25,7 @@ from pydicom.tag import BaseTag, Tag
 
 from medload.errors import InputProblem
 
-__all__ = ["text", "strings", "integer", "decimal", "vector", "window_pairs"]
+__all__ = ["present", "text", "strings", "integer", "decimal", "vector", "window_pairs"]
 
 #: binary VR -> (struct format of one value, its size)
 _BINARY = {vr: (fmt, struct.calcsize(fmt)) for vr, fmt in
@@ -72,6 +72,11 @@ def _values(ds: Dataset, keyword: str) -> list | None:
     if isinstance(value, (MultiValue, list, tuple)):
         return [str(v) if not isinstance(v, (int, float)) else v for v in value]
     return [value if isinstance(value, (int, float)) else str(value)]
+
+
+def present(ds: Dataset, keyword: str) -> bool:
+    """``keyword in ds``, with the keyword looked up once per process rather than at every call."""
+    return _info(keyword)[0] in ds
 
 
 def _label(keyword: str) -> str:
