@@ -25,7 +25,7 @@ from medload.config import format_size
 from medload.errors import InputProblem
 from medload.ingest import tags
 
-__all__ = ["ALLOWANCE", "read_deflated", "inflate_pixels"]
+__all__ = ["ALLOWANCE", "read_deflated", "inflate_pixels", "may_be_deflated"]
 
 #: Bytes of dataset allowed besides the pixels: the elements before Pixel Data, and those after it.
 ALLOWANCE = 16 << 20
@@ -63,11 +63,16 @@ class _Inflater:
                                          "final block: truncated file")
 
 
+def may_be_deflated(head: bytes) -> bool:
+    """Whether the file that starts with ``head`` may be deflated: "DICM" at byte 128 and the syntax's UID
+    in its first 4096 bytes (:func:`read_deflated` reads no further for any other file)."""
+    return head[128:132] == b"DICM" and _UID in head[:4096]
+
+
 def _dataset_start(fp: BinaryIO) -> tuple[FileMetaDataset, int] | None:
     """The File Meta Information and where the dataset starts, when they name the deflated syntax."""
     fp.seek(0)
-    head = fp.read(4096)
-    if head[128:132] != b"DICM" or _UID not in head:
+    if not may_be_deflated(fp.read(4096)):
         return None
     fp.seek(132)
     try:

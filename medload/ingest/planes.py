@@ -71,7 +71,7 @@ _KNOWN_DIMENSIONS = frozenset({
 
 
 def has_functional_groups(ds: Dataset) -> bool:
-    return "PerFrameFunctionalGroupsSequence" in ds or "SharedFunctionalGroupsSequence" in ds
+    return tags.present(ds, "PerFrameFunctionalGroupsSequence") or tags.present(ds, "SharedFunctionalGroupsSequence")
 
 
 def plane_fields(ds: Dataset) -> dict:
@@ -154,7 +154,7 @@ def stack_fields(ds: Dataset) -> dict:
     DiffusionGradientOrientation (0018,9089)) and the :data:`TIME_ATTRIBUTES`, as text ("" absent)."""
     times = []
     for per_frame, classic in TIME_ATTRIBUTES:
-        keyword = per_frame if per_frame in ds else classic
+        keyword = per_frame if tags.present(ds, per_frame) else classic
         times.append(_clock_seconds(ds, keyword) if keyword in _CLOCKS else tags.text(ds, keyword) or "")
     b_value = tags.text(ds, "DiffusionBValue") or ""
     direction = tags.text(ds, "DiffusionGradientOrientation") or ""

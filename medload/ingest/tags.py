@@ -21,20 +21,24 @@ from pydicom.datadict import dictionary_VR, tag_for_keyword
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
+from pydicom.tag import BaseTag, Tag
 
 from medload.errors import InputProblem
 
-__all__ = ["text", "strings", "integer", "decimal", "vector", "window_pairs"]
+__all__ = ["present", "text", "strings", "integer", "decimal", "vector", "window_pairs"]
 
-_BINARY = {"US": "H", "SS": "h", "UL": "I", "SL": "i", "FL": "f", "FD": "d", "US or SS": "H"}
+#: binary VR -> (struct format of one value, its size)
+_BINARY = {vr: (fmt, struct.calcsize(fmt)) for vr, fmt in
+           {"US": "H", "SS": "h", "UL": "I", "SL": "i", "FL": "f", "FD": "d", "US or SS": "H"}.items()}
 
 
 @cache
-def _info(keyword: str) -> tuple[int, str, str]:
+def _info(keyword: str) -> tuple[BaseTag, str, str]:
+    """The tag (a BaseTag, which pydicom's lookups take as it is), dictionary VR and label of a keyword."""
     tag = tag_for_keyword(keyword)
     if tag is None:  # keywords are medload's own constants: a misspelt one is a bug, not bad input
         raise ValueError(f"{keyword!r} is not a keyword of pydicom's DICOM data dictionary")
-    return tag, dictionary_VR(tag), f"{keyword} ({tag >> 16:04X},{tag & 0xFFFF:04X})"
+    return Tag(tag), dictionary_VR(tag), f"{keyword} ({tag >> 16:04X},{tag & 0xFFFF:04X})"
 
 
 def _values(ds: Dataset, keyword: str) -> list | None:
@@ -46,9 +50,9 @@ def _values(ds: Dataset, keyword: str) -> list | None:
     value = elem.value
     if isinstance(elem, RawDataElement) and isinstance(value, bytes):
         vr = elem.VR or dict_vr
-        fmt = _BINARY.get(vr)
-        if fmt is not None:
-            size = struct.calcsize(fmt)
+        binary = _BINARY.get(vr)
+        if binary is not None:
+            fmt, size = binary
             if len(value) % size:
                 raise InputProblem("header", f"{label} has {len(value)} bytes, not a multiple of {size}")
             order = "<" if elem.is_little_endian else ">"
@@ -68,6 +72,11 @@ def _values(ds: Dataset, keyword: str) -> list | None:
     if isinstance(value, (MultiValue, list, tuple)):
         return [str(v) if not isinstance(v, (int, float)) else v for v in value]
     return [value if isinstance(value, (int, float)) else str(value)]
+
+
+def present(ds: Dataset, keyword: str) -> bool:
+    """``keyword in ds``, with the keyword looked up once per process rather than at every call."""
+    return _info(keyword)[0] in ds
 
 
 def _label(keyword: str) -> str:
