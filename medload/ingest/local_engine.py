@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 
 import lmdb
-import numpy as np
 
 from medload.config import IngestConfig
 from medload.deid import Pseudonymizer
@@ -43,7 +42,7 @@ from medload.ingest.report import IngestReport
 from medload.ingest.shard_tasks import BatchResult, write_in_tasks
 from medload.ingest.stages import SeriesPlan, decode_and_write, header_pass
 from medload.ingest.worker import init_worker
-from medload.storage.codec import encode_value, get_codec
+from medload.storage.codec import get_codec
 from medload.storage.space import disk_full_is_error
 from medload.storage.task_shard import committed_series
 from medload.storage.writer import StoreWriter
@@ -60,17 +59,12 @@ _TASKS_PER_WORKER = 2  # batches per task process: enough to even out series of 
 _MIN_TASK_BYTES = 32 << 20
 
 
-def _warm_codec(codec: str) -> None:
-    """Import the codec's library by encoding once (blosc2 takes 0.1-0.3 s of CPU to import)."""
-    encode_value(np.zeros((2, 2), np.int16), get_codec(codec))
-
-
 def _task_process_start(codec: str) -> None:
     """A task process dies with the ingest process (kill -9 too: none writes on into staging/ unsupervised),
     and imports the codec while the header pass runs: its decoding processes, forked from it, inherit it,
     and the ingest process, which encodes nothing, never imports it."""
     die_with_parent()
-    _warm_codec(codec)
+    get_codec(codec).load()
 
 
 class _ProcessRunner:
@@ -110,7 +104,7 @@ class LocalEngine:
         # every process is forked here, before the store is opened (py-lmdb's rule for fork); writing in this
         # process, its decoding processes inherit the codec imported here, else each task process imports it
         if in_process:
-            _warm_codec(cfg.codec)
+            get_codec(cfg.codec).load()
         self.runner = None if in_process else _ProcessRunner(cfg.worker_count, cfg.codec)
         self.pool = IsolatedPool(cfg.worker_count, init_worker, (pseudo, cfg), memory=cfg.worker_memory,
                                  timeout=cfg.decode_timeout)

@@ -33,6 +33,7 @@ from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.stages import SeriesPlan, decode_and_write
 from medload.ingest.worker import init_worker
 from medload.progress import progress_bar
+from medload.storage.codec import get_codec
 from medload.storage.records import RejectRecord
 from medload.storage.task_shard import TaskShardWriter, shard_digest
 from medload.storage.writer import StoreWriter
@@ -81,6 +82,7 @@ def series_task(plans: list[SeriesPlan], shard_prefix: str, setup: tuple[Pseudon
     cfg = setup[1]
     report = IngestReport(store="")
     path = Path(f"{shard_prefix}-{secrets.token_hex(4)}.lmdb")
+    get_codec(cfg.codec).load()  # its decoding process, forked next, inherits it (a Dask worker keeps it)
     with isolated_pool(setup) as pool:
         writer = TaskShardWriter(path, cfg.windows)
         try:

@@ -79,6 +79,12 @@ class SliceCodec:
             nthreads=1,
         )
 
+    def load(self) -> None:
+        """Import the codec's library now (blosc2: 0.1-0.3 s of CPU), in a process about to fork the
+        processes that encode, so that they inherit it instead of each importing it again."""
+        if self.blosc_codec is not None:
+            _blosc2()
+
     def decompress_into(self, payload: memoryview, out: np.ndarray) -> None:
         """Decode ``payload`` into the C-contiguous array ``out`` (no intermediate copy)."""
         if self.blosc_codec is None:
