@@ -39,7 +39,7 @@ from medload.ingest.isolation import IsolatedPool, die_with_parent
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput
 from medload.ingest.report import IngestReport
-from medload.ingest.shard_tasks import BatchResult, write_in_tasks
+from medload.ingest.shard_tasks import BatchResult, keep_across_tasks, write_in_tasks
 from medload.ingest.stages import SeriesPlan, decode_and_write, header_pass
 from medload.ingest.worker import init_worker
 from medload.storage.codec import get_codec
@@ -61,10 +61,12 @@ _MIN_TASK_BYTES = 32 << 20
 
 def _task_process_start(codec: str) -> None:
     """A task process dies with the ingest process (kill -9 too: none writes on into staging/ unsupervised),
-    and imports the codec while the header pass runs: its decoding processes, forked from it, inherit it,
-    and the ingest process, which encodes nothing, never imports it."""
+    imports the codec while the header pass runs (its decoding process, forked from it, inherits it, and
+    the ingest process, which encodes nothing, never imports it), and keeps its decoding process and ring
+    from one task to the next."""
     die_with_parent()
     get_codec(codec).load()
+    keep_across_tasks()
 
 
 class _ProcessRunner:

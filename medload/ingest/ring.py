@@ -24,7 +24,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-__all__ = ["SliceRing", "RingSlot", "SlotWriter", "Span"]
+__all__ = ["SliceRing", "RingSlot", "RingSupply", "SlotWriter", "Span"]
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ class SliceRing:
             raise
         finally:
             os.close(fd)
-        self.slot_bytes = slot_bytes
-        self._free = list(range(slots - 1, -1, -1))
+        self.slots, self.slot_bytes = slots, slot_bytes
+        self.free_all()
 
     @classmethod
     def create(cls, slots: int, slot_bytes: int) -> SliceRing | None:
@@ -69,6 +69,9 @@ class SliceRing:
             log.info("no %d MB shared-memory ring (%s); encoded slices go through the pipe",
                      slots * slot_bytes >> 20, exc)
             return None
+
+    def free_all(self) -> None:
+        self._free = list(range(self.slots - 1, -1, -1))
 
     def acquire(self) -> RingSlot:
         index = self._free.pop()
@@ -84,6 +87,39 @@ class SliceRing:
     def close(self) -> None:
         self._map.close()
         os.unlink(self.path)
+
+
+class RingSupply:
+    """Where a writer gets its ring for one call of :func:`~medload.ingest.stages.decode_and_write`: a new
+    one each time, or (``keep``) one ring kept across the calls of a process, replaced only by a larger
+    one. A task process keeps its ring for the whole ingest: creating one reserves and zeroes up to 64 MB
+    of shared memory, and every process mapping it faults its pages in again (docs/benchmarks.md)."""
+
+    def __init__(self, keep: bool = False) -> None:
+        self.keep = keep
+        self._ring: SliceRing | None = None
+
+    def take(self, slots: int, slot_bytes: int) -> SliceRing | None:
+        """A ring of at least ``slots`` slots of ``slot_bytes``, every slot free (None: none fits in shared memory)."""
+        ring = self._ring
+        if ring is not None and ring.slots >= slots and ring.slot_bytes >= slot_bytes:
+            ring.free_all()
+            return ring
+        self.close()
+        ring = SliceRing.create(slots, slot_bytes)
+        if self.keep:
+            self._ring = ring
+        return ring
+
+    def give_back(self, ring: SliceRing | None) -> None:
+        """The call is done with ``ring``: closed, unless kept."""
+        if ring is not None and ring is not self._ring:
+            ring.close()
+
+    def close(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
 
 
 def _remove_stale(directory: str) -> None:
@@ -117,6 +153,9 @@ class SlotWriter:
         self._slot = slot
         self._used = 0
         if slot is not None and slot.path not in self._maps:
+            for old in self._maps.values():  # a decoding process serves one ring at a time: free a replaced one's pages
+                old.close()
+            self._maps.clear()
             with open(slot.path, "r+b") as f:
                 self._maps[slot.path] = mmap.mmap(f.fileno(), 0)
 

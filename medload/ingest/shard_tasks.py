@@ -21,6 +21,7 @@ import logging
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.util import Finalize
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +31,7 @@ from medload.errors import DiskFullError
 from medload.ingest.isolation import IsolatedPool
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.report import IngestReport, SeriesOutcome
+from medload.ingest.ring import RingSupply
 from medload.ingest.stages import SeriesPlan, decode_and_write
 from medload.ingest.worker import init_worker
 from medload.progress import progress_bar
@@ -38,7 +40,8 @@ from medload.storage.records import RejectRecord
 from medload.storage.task_shard import TaskShardWriter, shard_digest
 from medload.storage.writer import StoreWriter
 
-__all__ = ["BatchResult", "TaskRunner", "cut_batches", "isolated_pool", "series_task", "write_in_tasks"]
+__all__ = ["BatchResult", "TaskRunner", "cut_batches", "isolated_pool", "keep_across_tasks", "series_task",
+           "write_in_tasks"]
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +80,62 @@ class BatchResult:
     slices: int = 0
 
 
+class _Kept:
+    """A task process's decoding process and ring, kept from one series task to the next (see
+    :func:`keep_across_tasks`); both are dropped after a task that did not finish, so the next starts clean."""
+
+    def __init__(self) -> None:
+        self.pool: IsolatedPool | None = None
+        self.rings = RingSupply(keep=True)
+
+    def pool_for(self, setup: tuple[Pseudonymizer, IngestConfig]) -> IsolatedPool:
+        if self.pool is None:
+            self.pool = isolated_pool(setup)
+        return self.pool
+
+    def drop(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        self.rings.close()
+
+
+_kept: _Kept | None = None
+
+
+def keep_across_tasks() -> None:
+    """Make this process keep its decoding process and its ring from one :func:`series_task` to the next
+    (closed when it exits). For a process that serves one ingest (its tasks share one ``setup``) and runs
+    one task at a time, as this machine's task processes do: forking a decoder and creating, zeroing and faulting in a ring of up to 64 MB for each task cost
+    more CPU than the task's writing (docs/benchmarks.md). A Dask worker, which may run tasks in several
+    threads at once, keeps neither."""
+    global _kept
+    if _kept is None:
+        _kept = _Kept()
+        Finalize(None, _kept.drop, exitpriority=10)
+
+
 def series_task(plans: list[SeriesPlan], shard_prefix: str, setup: tuple[Pseudonymizer, IngestConfig]) -> BatchResult:
     """Decode and write ``plans`` into a new shard ``<shard_prefix>-<random>.lmdb`` (each attempt its own)."""
     cfg = setup[1]
     report = IngestReport(store="")
     path = Path(f"{shard_prefix}-{secrets.token_hex(4)}.lmdb")
     get_codec(cfg.codec).load()  # its decoding process, forked next, inherits it (a Dask worker keeps it)
-    with isolated_pool(setup) as pool:
+    kept = _kept
+    pool = kept.pool_for(setup) if kept is not None else isolated_pool(setup)  # forked before the shard is opened
+    finished = False
+    try:
         writer = TaskShardWriter(path, cfg.windows)
         try:
-            decode_and_write(pool, writer, plans, cfg, report, False, None)
+            decode_and_write(pool, writer, plans, cfg, report, False, None, kept.rings if kept is not None else None)
         finally:
             held = writer.close()
+        finished = True
+    finally:
+        if kept is None:
+            pool.close()
+        elif not finished:  # its decoder may still hold chunks of this task
+            kept.drop()
     return BatchResult(str(path) if held else None, shard_digest(path) if held else None, report.series, report.rejects,
                        report.slices_written)
 

@@ -27,7 +27,7 @@ from medload.ingest.isolation import IsolatedPool, Job, Lost
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput
 from medload.ingest.report import IngestReport, SeriesOutcome
-from medload.ingest.ring import SliceRing, Span
+from medload.ingest.ring import RingSupply, SliceRing, Span
 from medload.ingest.series import SeriesCandidate
 from medload.ingest.worker import DecodeChunk, EncodedSlice, Failure, decode_chunk, header_batch, source_sha256
 from medload.labels.grid import SeriesGrid
@@ -126,14 +126,17 @@ class _SeriesInProgress:
 
 
 def decode_and_write(pool: IsolatedPool, writer: StoreWriter | TaskShardWriter, plans: list[SeriesPlan],
-                     cfg: IngestConfig, report: IngestReport, progress: bool, labels: LabelAssigner | None) -> None:
+                     cfg: IngestConfig, report: IngestReport, progress: bool, labels: LabelAssigner | None,
+                     rings: RingSupply | None = None) -> None:
     """Decode the planned series in ``pool`` and write each in one transaction of ``writer``; outcomes and
-    quarantine records go to ``report``, labels that fit a series (``labels``) into its transaction."""
+    quarantine records go to ``report``, labels that fit a series (``labels``) into its transaction. The
+    shared-memory ring the values come through is taken from ``rings`` (default: a new one for this call)."""
     chunks = list(_chunks(plans))
     if not chunks:
         return
     window = 4 * pool.size + 8  # chunks in flight: enough to keep workers busy through a commit's fsync
-    ring = SliceRing.create(min(window, len(chunks)), min(_MAX_RING_SLOT, max(_chunk_bound(c, cfg) for c in chunks)))
+    rings = rings or RingSupply()
+    ring = rings.take(min(window, len(chunks)), min(_MAX_RING_SLOT, max(_chunk_bound(c, cfg) for c in chunks)))
     current: _SeriesInProgress | None = None
     # each worker holds up to 8 chunks (about 70 ms of 512 x 512 slices) so it decodes on while this process
     # commits a series (20-80 ms with its fsync here); with 2 it stalled at every commit (docs/benchmarks.md)
@@ -165,8 +168,7 @@ def decode_and_write(pool: IsolatedPool, writer: StoreWriter | TaskShardWriter, 
         pool.queued = queued
         if current is not None:
             current.txn.abort()
-        if ring is not None:
-            ring.close()
+        rings.give_back(ring)
 
 
 def _disk_full_is_error(writer: StoreWriter | TaskShardWriter, plan: SeriesPlan) -> AbstractContextManager[None]:

@@ -108,3 +108,70 @@ def test_the_ingest_process_leaves_the_codec_to_its_task_processes(tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.split() == ["2", imported]
     assert store_dump(open_store(tmp_path / "w1")) == store_dump(open_store(tmp_path / "w2"))
+
+
+def test_a_task_process_keeps_its_decoder_and_ring_across_its_tasks(tmp_path, monkeypatch):
+    """Each task process forks one decoding process and creates one ring for all its tasks (not one per
+    task), and removes its ring when it exits; the store is the one one worker writes."""
+    import glob
+    import os
+
+    from medload.ingest import shard_tasks
+    from medload.ingest.ring import SliceRing
+
+    monkeypatch.setattr(local_engine, "_MIN_TASK_BYTES", 0)  # 6 equal series: a task each
+    src = tmp_path / "src"
+    make_study(src, [SeriesSpec(n_slices=8, rows=32, cols=32) for _ in range(6)], seed=11)
+    log = tmp_path / "events"  # written by the task processes, forked with these patches
+
+    def logged(event, fn):
+        def wrapper(*args, **kwargs):
+            with open(log, "a") as f:
+                f.write(f"{event} {os.getpid()}\n")
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(shard_tasks, "isolated_pool", logged("decoder", shard_tasks.isolated_pool))
+    monkeypatch.setattr(SliceRing, "create", classmethod(logged("ring", SliceRing.create.__func__)))
+    report = ingest(src, tmp_path / "w2", config=IngestConfig(workers=2))
+    events = [line.split() for line in log.read_text().splitlines()]
+    decoders, rings = ([pid for e, pid in events if e == kind] for kind in ("decoder", "ring"))
+    tasks = [s for s in open_store(tmp_path / "w2").manifest.shards if s.series]  # one shard a task
+    assert report.counts["ingested"] == 6 and len(tasks) == 6
+    assert len(decoders) == len(set(decoders)) <= 2 and sorted(rings) == sorted(decoders)  # one each per process
+    assert not [p for pid in decoders for p in glob.glob(f"/dev/shm/medload-ring-{pid}-*")]  # removed at exit
+    monkeypatch.undo()
+    ingest(src, tmp_path / "w1", config=IngestConfig(workers=1))
+    assert store_dump(open_store(tmp_path / "w1")) == store_dump(open_store(tmp_path / "w2"))
+
+
+def test_a_task_that_fails_leaves_no_decoder_or_ring_for_the_next(tmp_path, monkeypatch):
+    """A kept decoding process may still hold chunks of a task that stopped half way: it is closed with the
+    ring, and the next task forks a new one."""
+    import os
+
+    import pytest
+
+    from medload.deid import Pseudonymizer
+    from medload.ingest import shard_tasks
+
+    monkeypatch.setattr(shard_tasks, "_kept", None)
+    shard_tasks.keep_across_tasks()
+    kept = shard_tasks._kept
+    taken = []
+
+    def fails(pool, writer, plans, cfg, report, progress, labels, rings):
+        taken.append((pool, rings.take(2, 1024), [w.process for w in pool._workers]))
+        raise OSError("the disk went away")
+
+    monkeypatch.setattr(shard_tasks, "decode_and_write", fails)
+    setup = (Pseudonymizer(b"k" * 32), IngestConfig())
+    with pytest.raises(OSError, match="went away"):
+        shard_tasks.series_task([], str(tmp_path / "task"), setup)
+    (pool, ring, decoders), = taken
+    assert kept.pool is None and not os.path.exists(ring.path)
+    assert decoders and not any(p.is_alive() for p in decoders)
+    with pytest.raises(OSError, match="went away"):
+        shard_tasks.series_task([], str(tmp_path / "task"), setup)
+    assert taken[1][0] is not pool  # a new decoding process
+    kept.drop()

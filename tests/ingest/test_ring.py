@@ -87,3 +87,39 @@ def test_a_ring_left_by_a_dead_process_is_removed_by_the_next_one(tmp_path):
         for path in (stale, mine):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_a_kept_ring_serves_every_call_until_one_needs_a_larger_ring():
+    from medload.ingest.ring import RingSupply
+
+    kept = RingSupply(keep=True)
+    first = kept.take(2, 1024)
+    first.acquire()
+    kept.give_back(first)
+    assert os.path.exists(first.path)  # kept for the next call
+    again = kept.take(2, 512)
+    assert again is first and {again.acquire().start, again.acquire().start} == {0, 1024}  # every slot free again
+    larger = kept.take(3, 1024)
+    assert larger is not first and not os.path.exists(first.path) and larger.slots == 3
+    kept.close()
+    assert not os.path.exists(larger.path)
+    fresh = RingSupply()  # not kept: each call's ring is closed when it is given back
+    ring = fresh.take(1, 1024)
+    fresh.give_back(ring)
+    assert not os.path.exists(ring.path)
+
+
+def test_a_worker_maps_one_ring_at_a_time():
+    """A decoding process kept across tasks unmaps the ring of an earlier task when it is handed a slot of a
+    new one: the old ring's pages (unlinked by its writer) are freed, not held until the process exits."""
+    old, new = SliceRing(1, 1024), SliceRing(1, 1024)
+    try:
+        SlotWriter(old.acquire()).put(b"x")
+        sink = SlotWriter(new.acquire())
+        assert list(SlotWriter._maps) == [new.path]
+        span = sink.put(b"y" * 10)
+        assert bytes(new.view(span)) == b"y" * 10
+    finally:
+        old.close()
+        new.close()
+        SlotWriter._maps.clear()
