@@ -13,7 +13,8 @@ from medload.bench.run import BenchConfig, run_bench
 from medload.errors import ConfigError
 
 TINY = BenchConfig(series_25d=2, slices_25d=5, size_25d=48, series_3d=1, slices_3d=7, size_3d=32, depth_3d=4,
-                   ingest_repeats=1, ingest_warmup=0, workers=(2,), workers_3d=(0,), warmup=1, batches=1, repeats=2,
+                   ingest_series=2, ingest_slices=6, ingest_repeats=1, ingest_warmup=0, workers=(2,), workers_3d=(0,),
+                   warmup=1, batches=1, repeats=2,
                    batch_size=2, max_pass_s=None, scaling=(1, 2), scale_series=3, scale_slices=6, scale_size=48,
                    scale_warmup=1, scale_batches=1, scale_repeats=2, gpu_steps=2, timeout=120)
 
@@ -60,6 +61,8 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
             if not failed:  # failed rows fold their long message over lines
                 assert cells in printed, (table.title, cells)
     ingest_rows = {r["contender"]: r for r in results["ingest"]["rows"]}
+    assert results["ingest"]["files"] == 2 * 6  # its own series (ingest_series x ingest_slices), not the 2.5D set's
+    assert "2 series x 6 slices" in results["ingest"]["source"]
     assert ingest_rows[WRITER]["status"] == "ok" and ingest_rows[WRITER]["files_per_s"] > 0
     one = ingest_rows["medload ingest (1 worker)"]["files_per_s"]
     capacity = next(t for t in results["ingest"]["targets"] if t["run"] == "one task's writer capacity")
