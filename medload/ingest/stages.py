@@ -29,6 +29,7 @@ from medload.ingest.labels import LabelInput
 from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.ring import RingSupply, SliceRing, Span
 from medload.ingest.series import SeriesCandidate
+from medload.ingest.shared_values import SharedValues
 from medload.ingest.worker import DecodeChunk, EncodedSlice, Failure, decode_chunk, header_batch, source_sha256
 from medload.labels.grid import SeriesGrid
 from medload.progress import progress_bar
@@ -55,6 +56,7 @@ def header_pass(pool: IsolatedPool, refs: list[SourceRef], report: IngestReport,
     jobs = deque((pool.submit(header_batch, refs[i : i + _HEADER_BATCH]), refs[i : i + _HEADER_BATCH])
                  for i in range(0, len(refs), _HEADER_BATCH))
     headers: list[SliceHeader] = []
+    shared = SharedValues()
     with progress_bar("reading headers", len(refs), enabled=progress) as advance:
         while jobs:
             job, batch = jobs.popleft()
@@ -74,7 +76,7 @@ def header_pass(pool: IsolatedPool, refs: list[SourceRef], report: IngestReport,
                 elif isinstance(res, LabelInput):
                     label_inputs.append(res)
                 else:
-                    headers.extend(res)
+                    headers.extend(shared.share(h) for h in res)
             advance(len(results))
     return headers
 
