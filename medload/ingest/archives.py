@@ -70,6 +70,11 @@ class SourceRef:
     size: int
     origin: str | None = None
 
+    def __reduce__(self) -> tuple[type[SourceRef], tuple[str, str | None, int, str | None]]:
+        """Pickled as its four values (every reference goes to a header process and comes back with its
+        headers): the pickling dataclasses give a frozen, slotted class looks up its fields for every object."""
+        return SourceRef, (self.path, self.member, self.size, self.origin)
+
     @property
     def display(self) -> str:
         """``path``, ``path!member``, or the origin of a spooled member."""

@@ -89,6 +89,17 @@ def test_a_slice_header_pickles_to_an_equal_header():
     assert [getattr(back, f.name) for f in dataclasses.fields(SliceHeader)] == list(values.values())
 
 
+def test_a_source_reference_pickles_to_an_equal_reference():
+    """SourceRef pickles by its four values (its own __reduce__), members and spooled origins included."""
+    import pickle
+
+    from medload.ingest.discover import SourceRef
+
+    for ref in (SourceRef("/a/b.dcm", None, 12), SourceRef("/a/c.zip", "x/y.dcm", 3), SourceRef("/s/1", None, 4, "t.tgz!y")):
+        back = pickle.loads(pickle.dumps(ref))
+        assert back == ref and type(back) is SourceRef and back.display == ref.display
+
+
 def test_the_ingest_process_leaves_the_codec_to_its_task_processes(tmp_path):
     """With task processes the ingest process encodes nothing, so it does not import blosc2 (0.1-0.3 s of
     CPU, which was its largest fixed cost): the task processes import it and their decoders inherit it. With
