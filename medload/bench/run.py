@@ -318,7 +318,8 @@ def _synthetic_inputs(results: dict, root: Path, cfg: BenchConfig, sections: tup
     scaling_points = [n for n in cfg.scaling if n >= 1]
     n_pool = max([cfg.series_25d, *scaling_points]) if "scaling" in sections else cfg.series_25d
     gen = []
-    if {"ingest", "loading", "scaling", "autotune"} & set(sections):
+    own_ingest_set = (cfg.ingest_series, cfg.ingest_slices) != (cfg.series_25d, cfg.slices_25d)
+    if {"loading", "scaling", "autotune"} & set(sections) or ("ingest" in sections and not own_ingest_set):
         say(progress, f"writing synthetic CT: {n_pool} series x {cfg.slices_25d} slices, "
                        f"{cfg.size_25d}x{cfg.size_25d}" + (f"; {cfg.series_3d} series x {cfg.slices_3d} slices, "
                                                            f"{cfg.size_3d}x{cfg.size_3d}"
@@ -332,7 +333,7 @@ def _synthetic_inputs(results: dict, root: Path, cfg: BenchConfig, sections: tup
     folders = [g.paths[0].parent for g in gen]
     if "ingest" in sections:
         src = root / "dicom"
-        if (cfg.ingest_series, cfg.ingest_slices) != (cfg.series_25d, cfg.slices_25d):
+        if own_ingest_set:
             say(progress, f"writing synthetic CT to ingest: {cfg.ingest_series} series x {cfg.ingest_slices} slices")
             src = root / "dicom_ingest"
             with clock("synthetic data to ingest"):

@@ -292,3 +292,11 @@ def test_the_command_line_runs_a_section_and_writes_json_and_markdown(tmp_path):
     assert f"| 4 | {rows[1]['slices']} |" in markdown and "**Memory target" in markdown
     bad = subprocess.run([*cmd[:3], "bench", "--sections", "speed"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown benchmark sections" in bad.stderr
+
+
+def test_the_ingest_section_alone_writes_only_its_own_series(tmp_path):
+    """``--sections ingest`` writes the series it ingests (ingest_series x ingest_slices), not the 2.5D set
+    the loading sections need."""
+    results = run_bench(config=TINY, sections=["ingest"], progress=False)
+    assert results["ingest"]["files"] == 2 * 6
+    assert "synthetic data to ingest" in results["timings_s"] and "synthetic data" not in results["timings_s"]
