@@ -1,8 +1,10 @@
 """Ingest on a Dask cluster: the header pass and decoding run as tasks, this process publishes.
 
 1. Header pass: the discovered inputs are cut into batches (about four per worker thread, at most
-   2048 files each); a task reads its batch's headers in a decoding process of its own
-   (:func:`~medload.ingest.stages.header_pass`) and returns planes, label objects and quarantine records.
+   2048 files each); a task reads its batch's headers (:func:`~medload.ingest.stages.header_pass`) in a
+   supervised decoding process -- a single-threaded worker keeps one for all its tasks of the run
+   (:func:`~medload.ingest.shard_tasks.keep_across_tasks`) -- and returns planes, label objects and
+   quarantine records.
 2. This process groups series and plans their geometry, exactly as an ingest without Dask does.
 3. The planned series are written by tasks into shards of their own under ``staging/dask-<run>/``, as
    :mod:`medload.ingest.shard_tasks` describes (about four batches per worker thread).
@@ -27,6 +29,7 @@ import logging
 import secrets
 import shutil
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,14 @@ from medload.ingest.headers import SliceHeader
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput
 from medload.ingest.report import IngestReport
-from medload.ingest.shard_tasks import BatchResult, cut_batches, isolated_pool, write_in_tasks
+from medload.ingest.shard_tasks import (
+    BatchResult,
+    cut_batches,
+    keep_across_tasks,
+    release_kept,
+    task_pool,
+    write_in_tasks,
+)
 from medload.ingest.stages import SeriesPlan, header_pass
 from medload.progress import progress_bar
 from medload.storage.records import RejectRecord
@@ -58,7 +68,7 @@ def _header_task(refs: list[SourceRef], setup: tuple[Pseudonymizer, IngestConfig
                  ) -> tuple[list[SliceHeader], list[LabelInput], list[RejectRecord]]:
     report = IngestReport(store="")
     labels: list[LabelInput] = []
-    with isolated_pool(setup) as pool:
+    with task_pool(setup) as (pool, _):
         headers = header_pass(pool, refs, report, False, labels)
     return headers, labels, report.rejects
 
@@ -96,7 +106,13 @@ class DaskEngine:
         self._connection = connect(scheduler, cfg.worker_count)
         self.client = self._connection.__enter__()
         try:
-            self.threads = sum(w["nthreads"] for w in self.client.scheduler_info()["workers"].values())
+            workers = self.client.scheduler_info()["workers"].values()
+            self.threads = sum(w["nthreads"] for w in workers)
+            # a worker running one task at a time keeps its decoding process and ring from task to task
+            # (released at the end of the run); one with several threads forks one per task
+            self._kept = all(w["nthreads"] == 1 for w in workers)
+            if self._kept:
+                self.client.run(keep_across_tasks)
             self._setup = self.client.scatter((pseudo, cfg), broadcast=True)
             self._run = secrets.token_hex(4)
         except BaseException:
@@ -113,6 +129,9 @@ class DaskEngine:
         """Close the connection (and a cluster started for the run, stopping its workers), then remove the run's
         directory: a task still running when the ingest stopped (Ctrl-C) writes there until its worker stops."""
         try:
+            if getattr(self, "_kept", False):
+                with suppress(Exception):  # a worker lost or a cluster gone: its processes went with it
+                    self.client.run(release_kept)
             self._connection.__exit__(None, None, None)
         finally:
             if self._run_dir is not None:

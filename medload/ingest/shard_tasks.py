@@ -3,8 +3,8 @@
 Both engines that write in parallel -- this machine's task processes (:mod:`medload.ingest.local_engine`)
 and a Dask cluster (:mod:`medload.ingest.dask_engine`) -- cut the planned series into batches of
 consecutive series (:func:`cut_batches`: a few per worker, at most ``shard_bytes`` of pixels each, never
-less than one series). One task per batch decodes its series in a supervised decoding process of its own
-and writes them, each in one transaction, into a staging shard of its own
+less than one series). One task per batch decodes its series in a supervised decoding process (its own,
+or one its process keeps from task to task: :func:`keep_across_tasks`) and writes them, each in one transaction, into a staging shard of its own
 (:class:`~medload.storage.task_shard.TaskShardWriter`): no single process carries every slice's bytes.
 As each task finishes, the caller -- the store's one writer -- publishes its shard
 (:meth:`~medload.storage.writer.StoreWriter.adopt`, which refuses a shard holding a series the store
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.util import Finalize
 from pathlib import Path
@@ -40,8 +41,8 @@ from medload.storage.records import RejectRecord
 from medload.storage.task_shard import TaskShardWriter, shard_digest
 from medload.storage.writer import StoreWriter
 
-__all__ = ["BatchResult", "TaskRunner", "cut_batches", "isolated_pool", "keep_across_tasks", "series_task",
-           "write_in_tasks"]
+__all__ = ["BatchResult", "TaskRunner", "cut_batches", "isolated_pool", "keep_across_tasks", "release_kept",
+           "series_task", "task_pool", "write_in_tasks"]
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +82,22 @@ class BatchResult:
 
 
 class _Kept:
-    """A task process's decoding process and ring, kept from one series task to the next (see
-    :func:`keep_across_tasks`); both are dropped after a task that did not finish, so the next starts clean."""
+    """A process's decoding process and ring, kept from one task to the next while ``on`` (see
+    :func:`keep_across_tasks`): for tasks of another setup (another ingest) a new decoder is forked, and
+    after a task that did not finish both are dropped (its decoder may still hold chunks of it)."""
 
     def __init__(self) -> None:
+        self.on = True
         self.pool: IsolatedPool | None = None
+        self.setup_id: tuple[str, IngestConfig] | None = None
         self.rings = RingSupply(keep=True)
 
     def pool_for(self, setup: tuple[Pseudonymizer, IngestConfig]) -> IsolatedPool:
+        ident = (setup[0].fingerprint, setup[1])  # the key its decoder pseudonymises with, and the settings
+        if self.pool is not None and self.setup_id != ident:
+            self.drop()
         if self.pool is None:
-            self.pool = isolated_pool(setup)
+            self.pool, self.setup_id = isolated_pool(setup), ident
         return self.pool
 
     def drop(self) -> None:
@@ -104,15 +111,43 @@ _kept: _Kept | None = None
 
 
 def keep_across_tasks() -> None:
-    """Make this process keep its decoding process and its ring from one :func:`series_task` to the next
-    (closed when it exits). For a process that serves one ingest (its tasks share one ``setup``) and runs
-    one task at a time, as this machine's task processes do: forking a decoder and creating, zeroing and faulting in a ring of up to 64 MB for each task cost
-    more CPU than the task's writing (docs/benchmarks.md). A Dask worker, which may run tasks in several
-    threads at once, keeps neither."""
+    """Make this process keep its decoding process and its ring from one task (:func:`series_task`, a
+    header task on Dask) to the next, until :func:`release_kept` or its exit. For a process that runs one
+    task at a time: this machine's task processes, a single-threaded Dask worker. Forking a decoder and
+    creating, zeroing and faulting in a ring of about 100 MB for every task cost more CPU than many a
+    task's writing (docs/benchmarks.md)."""
     global _kept
     if _kept is None:
         _kept = _Kept()
         Finalize(None, _kept.drop, exitpriority=10)
+    _kept.on = True
+
+
+def release_kept() -> None:
+    """Close this process's kept decoding process and ring, and keep none from here on (a Dask worker at
+    the end of an ingest: a cluster may serve other work)."""
+    if _kept is not None:
+        _kept.on = False
+        _kept.drop()
+
+
+@contextmanager
+def task_pool(setup: tuple[Pseudonymizer, IngestConfig]) -> Iterator[tuple[IsolatedPool, RingSupply | None]]:
+    """The decoding process of one task, with the ring supply its writing uses: this process's kept ones
+    (:func:`keep_across_tasks`), or a process of the task's own (and a ring per call), closed after it. The
+    codec is imported first, so that a decoder forked here inherits it (a Dask worker keeps it)."""
+    get_codec(setup[1].codec).load()
+    kept = _kept if _kept is not None and _kept.on else None
+    if kept is None:
+        with isolated_pool(setup) as pool:
+            yield pool, None
+        return
+    pool = kept.pool_for(setup)
+    try:
+        yield pool, kept.rings
+    except BaseException:
+        kept.drop()
+        raise
 
 
 def series_task(plans: list[SeriesPlan], shard_prefix: str, setup: tuple[Pseudonymizer, IngestConfig]) -> BatchResult:
@@ -120,22 +155,12 @@ def series_task(plans: list[SeriesPlan], shard_prefix: str, setup: tuple[Pseudon
     cfg = setup[1]
     report = IngestReport(store="")
     path = Path(f"{shard_prefix}-{secrets.token_hex(4)}.lmdb")
-    get_codec(cfg.codec).load()  # its decoding process, forked next, inherits it (a Dask worker keeps it)
-    kept = _kept
-    pool = kept.pool_for(setup) if kept is not None else isolated_pool(setup)  # forked before the shard is opened
-    finished = False
-    try:
+    with task_pool(setup) as (pool, rings):  # forked before the shard is opened (py-lmdb's rule)
         writer = TaskShardWriter(path, cfg.windows)
         try:
-            decode_and_write(pool, writer, plans, cfg, report, False, None, kept.rings if kept is not None else None)
+            decode_and_write(pool, writer, plans, cfg, report, False, None, rings)
         finally:
             held = writer.close()
-        finished = True
-    finally:
-        if kept is None:
-            pool.close()
-        elif not finished:  # its decoder may still hold chunks of this task
-            kept.drop()
     return BatchResult(str(path) if held else None, shard_digest(path) if held else None, report.series, report.rejects,
                        report.slices_written)
 

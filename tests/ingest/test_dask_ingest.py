@@ -134,6 +134,47 @@ def test_a_decoder_crash_in_a_dask_task_is_quarantined(cluster, tmp_path):
     assert verify_store(tmp_path / "store").ok
 
 
+def _count_decoder_forks() -> None:
+    """On a worker: count the decoding processes its tasks fork (shard_tasks.isolated_pool)."""
+    from medload.ingest import shard_tasks
+
+    forked = shard_tasks.isolated_pool
+
+    def counted(setup):
+        shard_tasks._test_forks += 1
+        return forked(setup)
+
+    shard_tasks._test_forks, shard_tasks._test_forked = 0, forked
+    shard_tasks.isolated_pool = counted
+
+
+def _forks_and_kept() -> tuple[int, bool, bool]:
+    """On a worker: the decoders forked since _count_decoder_forks (which it undoes), whether it still keeps
+    one, and whether keeping is on."""
+    from medload.ingest import shard_tasks
+
+    shard_tasks.isolated_pool = shard_tasks._test_forked
+    kept = shard_tasks._kept
+    return shard_tasks._test_forks, kept is not None and kept.pool is not None, kept is not None and kept.on
+
+
+def test_single_threaded_workers_keep_one_decoder_for_the_run_and_release_it(cluster, tmp_path):
+    """Each single-threaded worker forks one decoding process for all the header and series tasks it runs
+    (not one per task), and closes it when the run ends: a cluster may serve other work."""
+    src = tmp_path / "src"
+    make_study(src, _specs(6, 32, 6), seed=8)
+    cluster.run(_count_decoder_forks)
+    try:
+        report = ingest([src], tmp_path / "store", scheduler=cluster.scheduler.address)
+    finally:
+        after = cluster.run(_forks_and_kept)
+    assert report.counts["ingested"] == 6
+    assert len(open_store(tmp_path / "store").manifest.shards) > 2  # several series tasks (and 8 header tasks)
+    assert all(forks <= 1 for forks, _, _ in after.values()) and sum(f for f, _, _ in after.values()) >= 1
+    assert all(not held and not on for _, held, on in after.values())  # released at the end of the run
+    assert verify_store(tmp_path / "store").ok
+
+
 def test_killing_a_dask_worker_mid_ingest_loses_and_duplicates_nothing(cluster, tmp_path):
     src = tmp_path / "src"
     make_study(src, _specs(16, 192, 48), seed=11)

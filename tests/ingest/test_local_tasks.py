@@ -186,3 +186,25 @@ def test_a_task_that_fails_leaves_no_decoder_or_ring_for_the_next(tmp_path, monk
         shard_tasks.series_task([], str(tmp_path / "task"), setup)
     assert taken[1][0] is not pool  # a new decoding process
     kept.drop()
+
+
+def test_a_kept_decoder_serves_only_the_setup_it_was_forked_for(monkeypatch):
+    """A decoder pseudonymises with the key it was started with: tasks of another ingest (another key, other
+    settings) get a decoder of their own, and the old one is closed."""
+    from medload.deid import Pseudonymizer
+    from medload.ingest import shard_tasks
+
+    monkeypatch.setattr(shard_tasks, "_kept", None)
+    shard_tasks.keep_across_tasks()
+    kept = shard_tasks._kept
+    try:
+        first = kept.pool_for((Pseudonymizer(b"a" * 32), IngestConfig()))
+        assert kept.pool_for((Pseudonymizer(b"a" * 32), IngestConfig())) is first  # equal setup, unpickled anew
+        decoders = [w.process for w in first._workers]
+        other_key = kept.pool_for((Pseudonymizer(b"b" * 32), IngestConfig()))
+        assert other_key is not first and not any(p.is_alive() for p in decoders)
+        assert kept.pool_for((Pseudonymizer(b"b" * 32), IngestConfig(windows=("lung",)))) is not other_key
+        shard_tasks.release_kept()
+        assert kept.pool is None and not kept.on
+    finally:
+        kept.drop()
