@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -84,10 +85,13 @@ class BatchResult:
 class _Kept:
     """A process's decoding process and ring, kept from one task to the next while ``on`` (see
     :func:`keep_across_tasks`): for tasks of another setup (another ingest) a new decoder is forked, and
-    after a task that did not finish both are dropped (its decoder may still hold chunks of it)."""
+    after a task that did not finish both are dropped (its decoder may still hold chunks of it). ``busy``:
+    a task is using them (a release then waits for its end); changed under ``lock``, as a Dask worker
+    releases them from another thread than its tasks'."""
 
     def __init__(self) -> None:
-        self.on = True
+        self.on, self.busy = True, False
+        self.lock = threading.Lock()
         self.pool: IsolatedPool | None = None
         self.setup_id: tuple[str, IngestConfig] | None = None
         self.rings = RingSupply(keep=True)
@@ -125,10 +129,13 @@ def keep_across_tasks() -> None:
 
 def release_kept() -> None:
     """Close this process's kept decoding process and ring, and keep none from here on (a Dask worker at
-    the end of an ingest: a cluster may serve other work)."""
+    the end of an ingest: a cluster may serve other work); a task using them (of another ingest sharing
+    the cluster) finishes first, and they are closed at its end."""
     if _kept is not None:
-        _kept.on = False
-        _kept.drop()
+        with _kept.lock:
+            _kept.on = False
+            if not _kept.busy:
+                _kept.drop()
 
 
 @contextmanager
@@ -137,17 +144,26 @@ def task_pool(setup: tuple[Pseudonymizer, IngestConfig]) -> Iterator[tuple[Isola
     (:func:`keep_across_tasks`), or a process of the task's own (and a ring per call), closed after it. The
     codec is imported first, so that a decoder forked here inherits it (a Dask worker keeps it)."""
     get_codec(setup[1].codec).load()
-    kept = _kept if _kept is not None and _kept.on else None
+    kept = _kept
+    if kept is not None:
+        with kept.lock:
+            if kept.on:
+                kept.busy = True
+            else:
+                kept = None
     if kept is None:
         with isolated_pool(setup) as pool:
             yield pool, None
         return
-    pool = kept.pool_for(setup)
+    finished = False
     try:
-        yield pool, kept.rings
-    except BaseException:
-        kept.drop()
-        raise
+        yield kept.pool_for(setup), kept.rings
+        finished = True
+    finally:
+        with kept.lock:
+            kept.busy = False
+            if not (finished and kept.on):
+                kept.drop()
 
 
 def series_task(plans: list[SeriesPlan], shard_prefix: str, setup: tuple[Pseudonymizer, IngestConfig]) -> BatchResult:

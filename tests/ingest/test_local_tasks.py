@@ -208,3 +208,26 @@ def test_a_kept_decoder_serves_only_the_setup_it_was_forked_for(monkeypatch):
         assert kept.pool is None and not kept.on
     finally:
         kept.drop()
+
+
+def test_a_release_during_a_task_waits_for_its_end(monkeypatch):
+    """A Dask worker shared by two ingests: the end of one releases the kept decoder while a task of the
+    other uses it; that task finishes with it, and it is closed then."""
+    from medload.deid import Pseudonymizer
+    from medload.ingest import shard_tasks
+
+    monkeypatch.setattr(shard_tasks, "_kept", None)
+    shard_tasks.keep_across_tasks()
+    kept = shard_tasks._kept
+    setup = (Pseudonymizer(b"a" * 32), IngestConfig())
+    try:
+        with shard_tasks.task_pool(setup) as (pool, rings):
+            assert rings is kept.rings  # the kept ones
+            shard_tasks.release_kept()
+            assert kept.pool is pool and pool._workers and pool._workers[0].process.is_alive()
+            decoder = pool._workers[0].process
+        assert kept.pool is None and not decoder.is_alive()
+        with shard_tasks.task_pool(setup) as (own, rings):  # released: a task forks its own decoder
+            assert rings is None and own is not pool
+    finally:
+        kept.drop()
