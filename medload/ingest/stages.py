@@ -43,7 +43,10 @@ __all__ = ["SeriesPlan", "header_pass", "decode_and_write"]
 
 log = logging.getLogger(__name__)
 
-_HEADER_BATCH = 32
+# files per header-pass batch: at least 8 batches per worker (the last ones even out the workers' ends), from
+# 32 to 128 files: each batch costs the ingest process a message each way and a poll, 20% of its CPU per file
+# at 32 (docs/benchmarks.md), and a file that brings its worker down costs re-reading the rest of its batch
+_HEADER_BATCH = (32, 128)
 _CHUNK_BYTES = 8 << 20
 _CHUNKS_QUEUED = 8  # decode chunks one worker may hold (IsolatedPool.queued)
 _MAX_RING_SLOT = 64 << 20  # a chunk larger than this (one huge plane) goes through the pipe instead
@@ -53,8 +56,9 @@ def header_pass(pool: IsolatedPool, refs: list[SourceRef], report: IngestReport,
                 label_inputs: list[LabelInput]) -> list[SliceHeader]:
     """Image planes of every input; SEG/RTSTRUCT objects are added to ``label_inputs``. An input that
     brings its worker down is quarantined and the rest of its batch read again."""
-    jobs = deque((pool.submit(header_batch, refs[i : i + _HEADER_BATCH]), refs[i : i + _HEADER_BATCH])
-                 for i in range(0, len(refs), _HEADER_BATCH))
+    low, high = _HEADER_BATCH
+    size = max(low, min(high, len(refs) // (8 * pool.size)))
+    jobs = deque((pool.submit(header_batch, refs[i : i + size]), refs[i : i + size]) for i in range(0, len(refs), size))
     headers: list[SliceHeader] = []
     shared = SharedValues()
     with progress_bar("reading headers", len(refs), enabled=progress) as advance:

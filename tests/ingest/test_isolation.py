@@ -176,3 +176,25 @@ def test_a_decoder_crash_rejects_only_its_series(two_series, run_ingest, monkeyp
     assert [(r.source, r.stage, r.reason) for r in rejected] == [
         (str(culprit), "decode", "decoder process killed by signal 11 (SIGSEGV)")]
     assert report.count("ingested") == 1 and len(store.series()) == 1
+
+
+@pytest.mark.parametrize(("files", "batches"), [(40, 2), (1000, 17), (5000, 40)])
+def test_header_batches_are_eight_a_worker_of_32_to_128_files(tmp_path, monkeypatch, files, batches):
+    """Few large batches cost the ingest process less (a message each way and a poll per batch), many small
+    ones even out the workers' ends: at least 8 a worker, 32 to 128 files each; every file is read once."""
+    from medload.deid import Pseudonymizer
+    from medload.ingest.discover import SourceRef
+    from medload.ingest.report import IngestReport
+    from medload.ingest.stages import header_pass
+
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"not DICOM" * 20)
+    refs = [SourceRef(str(junk), None, 180) for _ in range(files)]
+    sizes: list[int] = []
+    with IsolatedPool(2, worker.init_worker, (Pseudonymizer(b"k" * 32), IngestConfig())) as pool:
+        submit = pool.submit
+        monkeypatch.setattr(pool, "submit", lambda fn, batch: sizes.append(len(batch)) or submit(fn, batch))
+        report = IngestReport(store="")
+        assert header_pass(pool, refs, report, False, []) == []
+    assert len(sizes) == batches and sum(sizes) == files and max(sizes) <= 128
+    assert len(report.rejects) == files  # each file read, and refused, once
