@@ -4,8 +4,9 @@ Both engines that write in parallel -- this machine's task processes (:mod:`medl
 and a Dask cluster (:mod:`medload.ingest.dask_engine`) -- cut the planned series into batches of
 consecutive series (:func:`cut_batches`: a few per worker, at most ``shard_bytes`` of pixels each, never
 less than one series). One task per batch decodes its series in a supervised decoding process (its own,
-or one its process keeps from task to task: :func:`keep_across_tasks`) and writes them, each in one transaction, into a staging shard of its own
-(:class:`~medload.storage.task_shard.TaskShardWriter`): no single process carries every slice's bytes.
+or one its process keeps from task to task: :func:`keep_across_tasks`) and writes them, each in one
+transaction, into a staging shard of its own (:class:`~medload.storage.task_shard.TaskShardWriter`): no
+single process carries every slice's bytes.
 As each task finishes, the caller -- the store's one writer -- publishes its shard
 (:meth:`~medload.storage.writer.StoreWriter.adopt`, which refuses a shard holding a series the store
 already has, so a task that ran twice is published once). A batch whose task fails outright is reported
