@@ -24,7 +24,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-__all__ = ["SliceRing", "RingSlot", "RingSupply", "SlotWriter", "Span"]
+__all__ = ["SliceRing", "RingSlot", "RingSupply", "SlotWriter", "Span", "remove_dead_rings"]
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ class SliceRing:
     """The writer's side: owns the ring file, hands out slots, and reads values back."""
 
     def __init__(self, slots: int, slot_bytes: int) -> None:
-        directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        _remove_stale(directory)
+        directory = _directory()
+        remove_dead_rings(directory)
         fd, self.path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=directory)
         try:
             os.posix_fallocate(fd, 0, slots * slot_bytes)
@@ -122,8 +122,15 @@ class RingSupply:
             self._ring = None
 
 
-def _remove_stale(directory: str) -> None:
-    """Delete rings whose writer process is gone (killed before it could unlink its ring)."""
+def _directory() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def remove_dead_rings(directory: str | None = None) -> None:
+    """Delete rings whose writer process is gone (killed before it could unlink its ring): each holds up to
+    about 100 MB of shared memory until then. Run when a ring is created, and by an ingest that stopped its
+    task processes (Ctrl-C, an error)."""
+    directory = directory or _directory()
     for name in os.listdir(directory):
         if not name.startswith(_PREFIX):
             continue

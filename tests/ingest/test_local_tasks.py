@@ -231,3 +231,35 @@ def test_a_release_during_a_task_waits_for_its_end(monkeypatch):
             assert rings is None and own is not pool
     finally:
         kept.drop()
+
+
+def _keep_a_ring_and_stay(note: str) -> None:
+    """A task that takes its process's kept ring, says where it is, and runs on until it is killed."""
+    import time
+    from pathlib import Path
+
+    from medload.ingest import shard_tasks
+
+    ring = shard_tasks._kept.rings.take(1, 4096)
+    Path(note).write_text(ring.path)
+    time.sleep(600)
+
+
+def test_an_ingest_that_stops_its_task_processes_removes_their_rings(tmp_path):
+    """Ctrl-C or an error kills the task processes on the spot (their exit handlers do not run): the ingest
+    removes the shared-memory rings they kept, which would hold up to about 100 MB each until the next
+    ingest on the machine."""
+    import os
+    import time
+
+    runner = local_engine._ProcessRunner(1, "raw")
+    note = tmp_path / "ring"
+    runner.submit("task", _keep_a_ring_and_stay, str(note))
+    deadline = time.monotonic() + 60
+    while not note.exists() or not note.read_text():
+        assert time.monotonic() < deadline, "the task did not start"
+        time.sleep(0.05)
+    ring = note.read_text()
+    assert os.path.exists(ring)
+    runner.close(stopping=True)
+    assert not os.path.exists(ring)
