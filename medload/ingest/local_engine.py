@@ -39,7 +39,7 @@ from medload.ingest.isolation import IsolatedPool, die_with_parent
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput
 from medload.ingest.report import IngestReport
-from medload.ingest.ring import remove_dead_rings
+from medload.ingest.ring import remove_dead_rings, short_of_shared_memory
 from medload.ingest.shard_tasks import BatchResult, keep_across_tasks, write_in_tasks
 from medload.ingest.stages import SeriesPlan, decode_and_write, header_pass
 from medload.ingest.worker import init_worker
@@ -112,6 +112,8 @@ class LocalEngine:
         if in_process:
             get_codec(cfg.codec).load()
         self.runner = None if in_process else _ProcessRunner(cfg.worker_count, cfg.codec)
+        if (short := short_of_shared_memory(1 if in_process else cfg.worker_count)) is not None:
+            log.warning("%s", short)
         self.pool = IsolatedPool(cfg.worker_count, init_worker, (pseudo, cfg), memory=cfg.worker_memory,
                                  timeout=cfg.decode_timeout)
 

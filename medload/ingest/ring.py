@@ -24,13 +24,16 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-__all__ = ["SliceRing", "RingSlot", "RingSupply", "SlotWriter", "Span", "remove_dead_rings"]
+__all__ = ["SliceRing", "RingSlot", "RingSupply", "SlotWriter", "Span", "remove_dead_rings", "short_of_shared_memory"]
 
 log = logging.getLogger(__name__)
 
 #: (offset, length) of one value inside the ring file
 Span = tuple[int, int]
 _PREFIX = "medload-ring-"
+#: about what one writer's ring takes with the default settings: 12 chunks in flight of 8 MB of pixels at
+#: their worst-case encoded size (stored window planes add to it)
+RING_BYTES = 100 << 20
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,22 @@ class RingSupply:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+
+
+def short_of_shared_memory(writers: int) -> str | None:
+    """A warning for an ingest whose ``writers`` rings will not all fit in the free shared memory (a
+    container's ``/dev/shm`` is 64 MB by default), or None."""
+    directory = _directory()
+    try:
+        info = os.statvfs(directory)
+    except OSError:
+        return None
+    free = info.f_bavail * info.f_frsize
+    if free >= writers * RING_BYTES:
+        return None
+    return (f"{directory} has {free >> 20} MB free and {writers} writing process(es) may each want up to "
+            f"{RING_BYTES >> 20} MB of it: those without a ring send decoded slices through pipes, which costs "
+            "CPU; in a container, give it more (docker run --shm-size=2g, or a larger /dev/shm)")
 
 
 def _directory() -> str:

@@ -123,3 +123,25 @@ def test_a_worker_maps_one_ring_at_a_time():
         old.close()
         new.close()
         SlotWriter._maps.clear()
+
+
+def test_too_little_shared_memory_for_the_workers_rings_is_said_once_with_the_fix(monkeypatch, caplog):
+    """A container's /dev/shm (64 MB by default) holds no ring of 100 MB: the ingest says so up front, with
+    what to do, instead of running slower without a word."""
+    import logging
+
+    from medload.config import IngestConfig
+    from medload.deid import Pseudonymizer
+    from medload.ingest.local_engine import LocalEngine
+
+    free = {"bytes": 64 << 20}
+    monkeypatch.setattr(ring_mod.os, "statvfs", lambda path: os.statvfs_result(
+        (4096, 4096, free["bytes"] // 4096, free["bytes"] // 4096, free["bytes"] // 4096, 0, 0, 0, 0, 255)))
+    note = ring_mod.short_of_shared_memory(2)
+    assert note is not None and "64 MB free" in note and "--shm-size" in note
+    with caplog.at_level(logging.WARNING, logger="medload.ingest.local_engine"), \
+            LocalEngine(IngestConfig(workers=2), Pseudonymizer(b"k" * 32)):
+        pass
+    assert [r.getMessage() for r in caplog.records if "--shm-size" in r.getMessage()] == [note]
+    free["bytes"] = 1 << 30
+    assert ring_mod.short_of_shared_memory(2) is None
