@@ -95,7 +95,7 @@ class SliceRing:
 class RingSupply:
     """Where a writer gets its ring for one call of :func:`~medload.ingest.stages.decode_and_write`: a new
     one each time, or (``keep``) one ring kept across the calls of a process, replaced only by a larger
-    one. A task process keeps its ring for the whole ingest: creating one reserves and zeroes up to 64 MB
+    one. A task process keeps its ring for the whole ingest: creating one reserves and zeroes about 100 MB
     of shared memory, and every process mapping it faults its pages in again (docs/benchmarks.md)."""
 
     def __init__(self, keep: bool = False) -> None:

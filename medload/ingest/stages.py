@@ -44,8 +44,9 @@ __all__ = ["SeriesPlan", "header_pass", "decode_and_write"]
 log = logging.getLogger(__name__)
 
 # files per header-pass batch: at least 8 batches per worker (the last ones even out the workers' ends), from
-# 32 to 128 files: each batch costs the ingest process a message each way and a poll, 20% of its CPU per file
-# at 32 (docs/benchmarks.md), and a file that brings its worker down costs re-reading the rest of its batch
+# 32 to 128 files: each batch costs the ingest process a message each way and a poll (at 32, about a quarter
+# of its CPU in the header pass: docs/benchmarks.md), and a file that brings its worker down costs re-reading
+# the rest of its batch
 _HEADER_BATCH = (32, 128)
 _CHUNK_BYTES = 8 << 20
 _CHUNKS_QUEUED = 8  # decode chunks one worker may hold (IsolatedPool.queued)
