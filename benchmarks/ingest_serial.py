@@ -9,7 +9,8 @@ to task processes and publishes their shards. Whatever it spends per file bounds
 feed. Runs ``ingest()`` ``--repeats`` times in this process (the first pays the imports; the later ones
 are the per-file cost) and prints the CPU time of this process's main thread (``time.thread_time``) per
 file in each stage: discovery, the header pass, grouping, planning, adopting the task shards, and the rest
-(handing plans to the tasks, the report). Without ``--data``, synthetic CT as ``medload bench`` makes it.
+(not broken down; plans are pickled for the tasks by the executor's own thread, not counted). Without
+``--data``, synthetic CT as ``medload bench`` makes it.
 """
 
 from __future__ import annotations
@@ -65,17 +66,13 @@ def main() -> None:
         for n in range(args.repeats):
             spent.clear()
             t0 = time.thread_time()
-            report = ingest_once(src, Path(tmp) / f"store{n}", args.workers, key)
+            report = run.ingest(src, Path(tmp) / f"store{n}", config=IngestConfig(workers=args.workers), key_file=key)
             total = time.thread_time() - t0
             per = {stage: s / report.files * 1e3 for stage, s in spent.items()}
             per["rest"] = total / report.files * 1e3 - sum(per.values())
             print(f"ingest {n + 1}: {report.files} files, {args.workers} workers: {total / report.files * 1e3:.4f} ms "
                   f"of CPU per file ({report.files / total:,.0f} files per CPU-s); "
                   + ", ".join(f"{stage} {ms:.4f}" for stage, ms in per.items()))
-
-
-def ingest_once(src: Path, store: Path, workers: int, key: Path):
-    return run.ingest(src, store, config=IngestConfig(workers=workers), key_file=key)
 
 
 if __name__ == "__main__":
