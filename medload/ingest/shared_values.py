@@ -1,8 +1,9 @@
 """One object per distinct value of the header fields that repeat from plane to plane.
 
 The ingest process holds every plane's :class:`~medload.ingest.headers.SliceHeader` from the header pass
-until its series is planned: at archive scale, the largest thing it holds (1,145 bytes a header before this
-sharing, 892 after, by tracemalloc; the process peaks at 1.5 GB per million files: docs/benchmarks.md). Each header arrives unpickled from a decoding process with objects
+until its series is planned: at archive scale, the largest thing it holds (by tracemalloc, 1,145 bytes a
+header before this sharing, 892 after, 907 since a header is a named tuple; the process peaks at 1.5 GB per
+million files: docs/benchmarks.md). Each header arrives unpickled from a decoding process with objects
 of its own, although most of its fields -- the pseudonymised series, study and patient, the orientation,
 the pixel spacing, the transfer syntax, the scanner -- are equal for every plane of a series. Sharing one
 object per distinct value keeps only what differs (the file, the position, the instance) per header.
@@ -30,15 +31,15 @@ class SharedValues:
     header costs a table entry (about 40 bytes), a repeated one saves its own objects (80-300 bytes)."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, dict[Any, Any]] = {name: {} for name in _SHARED}
+        self._seen: list[tuple[int, dict[Any, Any]]] = [(SliceHeader._fields.index(name), {}) for name in _SHARED]
 
     def share(self, header: SliceHeader) -> SliceHeader:
-        """``header`` with each repeating field set to the object already held for an equal value of the same
-        type (1 and 1.0 are equal, and stay apart), in place: the header is frozen for its users, and no value
-        it holds changes."""
-        for name, seen in self._seen.items():
-            value = getattr(header, name)
+        """``header`` with each repeating field's value replaced by the object already held for an equal value
+        of the same type (1 and 1.0 are equal, and stay apart): equal to it, holding fewer objects."""
+        values = list(header)
+        for i, seen in self._seen:
+            value = values[i]
             kept = seen.setdefault(value, value)
             if kept is not value and type(kept) is type(value):
-                object.__setattr__(header, name, kept)
-        return header
+                values[i] = kept
+        return tuple.__new__(SliceHeader, values)

@@ -12,7 +12,7 @@ that crashed or hung a worker.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
@@ -163,14 +163,17 @@ _REPEATED = ("sop_class", "series", "frame_of_reference", "study", "patient", "m
              "modality_lut")
 
 
+_REPEATED_AT = tuple(SliceHeader._fields.index(name) for name in _REPEATED)
+
+
 def _share_repeats(headers: list[SliceHeader], seen: dict) -> list[SliceHeader]:
     out = []
     for h in headers:
-        shared = {}
-        for name in _REPEATED:
-            value = getattr(h, name)
-            shared[name] = seen.setdefault((name, value if type(value) is str else _exact(value)), value)
-        out.append(replace(h, **shared))
+        values = list(h)
+        for i in _REPEATED_AT:
+            value = values[i]
+            values[i] = seen.setdefault((i, value if type(value) is str else _exact(value)), value)
+        out.append(tuple.__new__(SliceHeader, values))
     return out
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -83,7 +82,7 @@ def test_order_is_by_projection_on_the_normal(orientation, seed: int) -> None:
 def test_instance_and_name_never_order_slices() -> None:
     """Names and instances agree with each other but not with the positions: positions win."""
     ordered = stack(np.arange(6) * 3.0)
-    scrambled = [replace(h, instance=f"9.{i}", ref=SourceRef(f"/data/{i:02d}.dcm", None, 1000))
+    scrambled = [h._replace(instance=f"9.{i}", ref=SourceRef(f"/data/{i:02d}.dcm", None, 1000))
                  for i, h in zip([3, 0, 5, 1, 4, 2], ordered)]
     geom = plan_geometry(sorted(scrambled, key=lambda h: h.instance), IngestConfig())
     assert [s[0].position for s in geom.slots] == [h.position for h in ordered]
@@ -133,7 +132,7 @@ def test_irregular_spacing_reason() -> None:
 def test_in_plane_jitter_of_one_slice_is_rejected() -> None:
     headers = stack(np.arange(8) * 2.5)
     moved = np.add(headers[3].position, [0.0, 1.0, 0.0])  # 1 mm along the column cosine, same depth
-    headers[3] = replace(headers[3], position=tuple(moved))
+    headers[3] = headers[3]._replace(position=tuple(moved))
     reason = reason_of(permuted(headers, 4))
     assert "slice 3" in reason and "in-plane" in reason
 
@@ -164,7 +163,7 @@ def test_tilt_tag_alone_is_not_tilt() -> None:
 # ---- duplicates ----------------------------------------------------------------------------------
 def test_duplicates_at_one_position_share_a_slot() -> None:
     headers = stack(np.arange(5) * 2.5)
-    twin = replace(headers[2], instance="1.2.9999", ref=SourceRef("/data/copy.dcm", None, 1000))
+    twin = headers[2]._replace(instance="1.2.9999", ref=SourceRef("/data/copy.dcm", None, 1000))
     geom = plan_geometry(permuted(headers + [twin], 1), IngestConfig())
     assert len(geom.slots) == 5
     assert sorted(len(s) for s in geom.slots) == [1, 1, 1, 1, 2]
@@ -174,7 +173,7 @@ def test_duplicates_at_one_position_share_a_slot() -> None:
 
 def test_duplicates_far_apart_in_plane_are_rejected() -> None:
     headers = stack(np.arange(5) * 2.5)
-    other = replace(headers[2], instance="1.2.9999", position=tuple(np.add(headers[2].position, [5.0, 0.0, 0.0])))
+    other = headers[2]._replace(instance="1.2.9999", position=tuple(np.add(headers[2].position, [5.0, 0.0, 0.0])))
     reason = reason_of(headers + [other])
     assert "overlapping stacks" in reason and "5.00 mm apart" in reason
 
@@ -183,7 +182,7 @@ def test_duplicates_far_apart_in_plane_are_rejected() -> None:
 def test_wobble_within_default_tolerance_passes_and_fails_when_tightened() -> None:
     headers = stack(np.arange(8) * 2.5)
     n = normal_of(AXIAL)
-    headers[4] = replace(headers[4], position=tuple(np.add(headers[4].position, 0.05 * n)))
+    headers[4] = headers[4]._replace(position=tuple(np.add(headers[4].position, 0.05 * n)))
     geom = plan_geometry(headers, IngestConfig())  # default 0.1 mm (or 1 % of 2.5 mm)
     assert len(geom.slots) == 8
 
@@ -196,7 +195,7 @@ def test_wobble_within_default_tolerance_passes_and_fails_when_tightened() -> No
 
 def test_in_plane_wobble_tolerance_is_configurable() -> None:
     headers = stack(np.arange(8) * 2.5)
-    headers[5] = replace(headers[5], position=tuple(np.add(headers[5].position, [0.05, 0.0, 0.0])))
+    headers[5] = headers[5]._replace(position=tuple(np.add(headers[5].position, [0.05, 0.0, 0.0])))
     plan_geometry(headers, IngestConfig())
     reason = reason_of(headers, IngestConfig(spacing_tolerance_mm=0.01, spacing_tolerance_rel=0.001))
     assert "slice 5" in reason and "in-plane" in reason
@@ -204,7 +203,7 @@ def test_in_plane_wobble_tolerance_is_configurable() -> None:
 
 def test_duplicate_tolerance_is_configurable() -> None:
     headers = stack(np.arange(5) * 2.5)
-    near = replace(headers[2], instance="1.2.9999", position=tuple(np.add(headers[2].position, [0.0, 0.0, 0.005])))
+    near = headers[2]._replace(instance="1.2.9999", position=tuple(np.add(headers[2].position, [0.0, 0.0, 0.005])))
     geom = plan_geometry(headers + [near], IngestConfig())  # default 0.01 mm: the same position
     assert len(geom.slots) == 5 and "duplicates_collapsed" in geom.flags
     reason = reason_of(headers + [near], IngestConfig(duplicate_tolerance_mm=0.001))

@@ -5,7 +5,6 @@ wherever Pixel Data (7FE0,0010) falls against the end of the head."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import tracemalloc
 from pathlib import Path
@@ -68,5 +67,5 @@ def test_the_header_is_the_same_wherever_pixel_data_falls_against_the_head(tmp_p
         path.write_bytes(_with_private(gen.paths[0], bytes(end - 12 - pixel_tag)))
         header = _header(path)
         assert header.pixel_offset == end
-        assert dataclasses.replace(header, ref=reference.ref, file_size=reference.file_size,
-                                   pixel_offset=reference.pixel_offset) == reference
+        assert header._replace(ref=reference.ref, file_size=reference.file_size,
+                               pixel_offset=reference.pixel_offset) == reference

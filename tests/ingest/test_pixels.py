@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 from conftest import slice_header
@@ -18,7 +16,7 @@ ROWS, COLS = 4, 5
 
 def plane(raw: np.ndarray, **fields):
     """A header for a native little-endian plane whose pixel bytes start at offset 0, and the file."""
-    h = replace(slice_header((0, 0, 0)), rows=ROWS, cols=COLS, pixel_offset=0, **fields)
+    h = slice_header((0, 0, 0))._replace(rows=ROWS, cols=COLS, pixel_offset=0, **fields)
     return h, LoadedFile(raw.astype(raw.dtype.newbyteorder("<")).tobytes())
 
 
@@ -46,7 +44,7 @@ def test_signed_12_bit_is_sign_extended_from_bit_11():
 
 def test_big_endian_bytes_are_swapped():
     stored = np.arange(ROWS * COLS, dtype=np.uint16).reshape(ROWS, COLS) * 150
-    h = replace(slice_header((0, 0, 0)), rows=ROWS, cols=COLS, pixel_offset=0, transfer_syntax="1.2.840.10008.1.2.2")
+    h = slice_header((0, 0, 0))._replace(rows=ROWS, cols=COLS, pixel_offset=0, transfer_syntax="1.2.840.10008.1.2.2")
     values, _ = decode_plane(LoadedFile(stored.astype(">u2").tobytes()), h, "CT", "int16")
     assert np.array_equal(values, stored.astype(np.int32) - 1024)
 

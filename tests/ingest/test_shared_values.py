@@ -3,7 +3,6 @@ plane (medload.ingest.shared_values)."""
 
 from __future__ import annotations
 
-import dataclasses
 import pickle
 
 from medload.ingest import shared_values
@@ -13,7 +12,7 @@ from medload.ingest.shared_values import SharedValues
 
 
 def _header(**changes) -> SliceHeader:
-    values = {f.name: f"v{n}" for n, f in enumerate(dataclasses.fields(SliceHeader))}
+    values = {name: f"v{n}" for n, name in enumerate(SliceHeader._fields)}
     values.update(ref=SourceRef("/a/b.dcm", "", 10, None), rows=512, cols=512, slope=1.0, intercept=-1024.0,
                   orientation=(1.0, 0.0, 0.0, 0.0, 1.0, 0.0), position=(0.0, 0.0, 1.5), times=("1", ""))
     values.update(changes)
@@ -38,5 +37,5 @@ def test_equal_values_of_another_type_are_not_shared():
 
 
 def test_every_shared_name_is_a_header_field():
-    assert set(shared_values._SHARED) <= set(SliceHeader.__slots__)
+    assert set(shared_values._SHARED) <= set(SliceHeader._fields)
     assert not {"ref", "instance", "position", "frame"} & set(shared_values._SHARED)
