@@ -20,13 +20,31 @@ from pathlib import Path
 
 from medload.config import affinity_cores
 
-__all__ = ["peak_pss", "tree_pss_mb", "spread", "machine", "tree_bytes", "tree_read_bytes", "data_files",
+__all__ = ["peak_pss", "tree_pss_mb", "spread", "loader_row", "machine", "tree_bytes", "tree_read_bytes", "data_files",
            "evict_page_cache", "read_files", "OtherLoad", "BUSY_SHARE", "load_note"]
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
     """``{"median", "min", "max"}`` of a non-empty sequence."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def loader_row(name: str, workers: int, mode: str, res: dict, count: str, mb_per: str, **extra: object) -> dict:
+    """One loading contender's row from its child's result ``res``: status (``skipped`` with its reason,
+    ``failed`` with its error), peak PSS and set-up time, and when it ran, the median and range over the
+    repeats of ``res[count]`` per second (``<count>_per_s``...) and the MB read from disk per item
+    (key ``mb_per``); ``extra`` fields come after the contender, workers and mode."""
+    row = {"contender": name, "num_workers": workers, "mode": mode, **extra, "status": "ok", "error": None,
+           "peak_pss_mb": res.get("peak_pss_mb"), "setup_s": res.get("setup_s")}
+    if "skipped" in res:
+        row.update(status="skipped", reason=res["skipped"], peak_pss_mb=None)
+    elif "error" in res:
+        row.update(status="failed", error=res["error"])
+    else:
+        s = spread([n / t for n, t in zip(res[count], res["seconds"])])
+        row.update({f"{count}_per_s": s["median"], f"{count}_per_s_min": s["min"], f"{count}_per_s_max": s["max"],
+                    mb_per: sum(res["disk_bytes"]) / 1e6 / sum(res[count])})
+    return row
 
 
 def tree_bytes(path: str | os.PathLike) -> int:

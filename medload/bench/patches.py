@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from medload.bench.common import data_files, evict_page_cache, peak_pss, read_files, spread, tree_read_bytes
+from medload.bench.common import data_files, evict_page_cache, loader_row, peak_pss, read_files, tree_read_bytes
 from medload.bench.patches_data import PatchPrep, PatchSettings, prepare_patches
 from medload.bench.peers import PeerUnavailable
 
@@ -165,20 +165,6 @@ def _run_one(prep: PatchPrep, prep_path: Path, name: str, workers: int, mode: st
     return result
 
 
-def _row(name: str, workers: int, mode: str, res: dict, decoded: dict, train: bool) -> dict:
-    row = {"contender": name, "num_workers": workers, "mode": mode, "train": train, "status": "ok", "error": None,
-           "peak_pss_mb": res.get("peak_pss_mb"), "setup_s": res.get("setup_s"), "decoded_mb": decoded.get(name)}
-    if "skipped" in res:
-        row.update(status="skipped", reason=res["skipped"], peak_pss_mb=None)
-    elif "error" in res:
-        row.update(status="failed", error=res["error"])
-    else:
-        s = spread([n / t for n, t in zip(res["patches"], res["seconds"])])
-        row.update(patches_per_s=s["median"], patches_per_s_min=s["min"], patches_per_s_max=s["max"],
-                   mb_read_per_patch=sum(res["disk_bytes"]) / 1e6 / sum(res["patches"]))
-    return row
-
-
 def _ratios(rows: list[dict]) -> None:
     """medload's ratio to the fastest peer at the same workers and mode; each training row's % of the
     resident-batch ceiling."""
@@ -219,7 +205,8 @@ def run_patches(root: Path, work: Path, settings: PatchSettings = PatchSettings(
     with progress_bar("3D patches", len(plan), enabled=progress) as advance:
         for name, w, mode, train in plan:
             res = _run_one(prep, prep_path, name, w, mode, settings, device, log_dir, train)
-            rows.append(_row(name, w, mode, res, decoded, train))
+            rows.append(loader_row(name, w, mode, res, "patches", "mb_read_per_patch", train=train,
+                                  decoded_mb=decoded.get(name)))
             advance(1)
     _ratios(rows)
     store_bytes = tree_bytes(prep.store)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from medload.bench.common import data_files, evict_page_cache, peak_pss, read_files, spread, tree_bytes
+from medload.bench.common import data_files, evict_page_cache, loader_row, peak_pss, read_files, tree_bytes
 from medload.bench.peers import L1_BUDGET, PeerUnavailable
 
 __all__ = ["ScaleSettings", "SCALE_CONTENDERS", "FORMAT_OF", "prepare_scale", "run_scale", "run_continuous", "sample_bytes"]
@@ -278,17 +278,9 @@ def _run_one(prep, prep_path: Path, name: str, workers: int, mode: str, settings
 
 
 def _row(name: str, workers: int, mode: str, res: dict) -> dict:
-    row = {"contender": name, "num_workers": workers, "mode": mode, "status": "ok", "error": None,
-           "peak_pss_mb": res.get("peak_pss_mb"), "setup_s": res.get("setup_s"), "cache": res.get("cache")}
-    if "skipped" in res:
-        row.update(status="skipped", reason=res["skipped"], peak_pss_mb=None)
-    elif "error" in res:
-        row.update(status="failed", error=res["error"])
-    else:
-        s = spread([n / t for n, t in zip(res["samples"], res["seconds"])])
-        row.update(samples_per_s=s["median"], samples_per_s_min=s["min"], samples_per_s_max=s["max"],
-                   seconds=res["seconds"], samples=res["samples"],
-                   mb_per_sample=sum(res["disk_bytes"]) / 1e6 / sum(res["samples"]))
+    row = loader_row(name, workers, mode, res, "samples", "mb_per_sample", cache=res.get("cache"))
+    if row["status"] == "ok":
+        row.update(seconds=res["seconds"], samples=res["samples"])
     return row
 
 
