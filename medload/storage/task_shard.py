@@ -19,7 +19,7 @@ import lmdb
 from medload.storage import shard as sh
 from medload.storage.manifest import file_digest
 from medload.storage.records import LabelRecord, SeriesRecord
-from medload.storage.writer import SeriesTransaction
+from medload.storage.series_transaction import SeriesTransaction
 
 __all__ = ["TaskShardWriter", "committed_series", "shard_digest"]
 
