@@ -18,7 +18,6 @@ batches -- a fixed high threshold can let the heap grow to gigabytes of free but
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 __all__ = ["keep_large_buffers_in_heap"]
 
@@ -28,8 +27,8 @@ _M_MMAP_THRESHOLD = -3
 
 def keep_large_buffers_in_heap() -> None:
     """Apply the tuning above to this process (idempotent)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    try:  # the process's own symbols: ctypes.util.find_library("c") runs `ldconfig -p`, a process per call
+        libc = ctypes.CDLL(None)
         libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
         libc.mallopt(_M_TRIM_THRESHOLD, 128 << 20)
     except (OSError, AttributeError):
