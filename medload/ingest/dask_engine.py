@@ -100,6 +100,8 @@ class DaskEngine:
     """The header pass and the writing of series as tasks on the Dask cluster ``scheduler``
     (see :mod:`medload.ingest.cluster`), for :func:`medload.ingest.ingest`."""
 
+    sniffs = False  # its header tasks take files discovery has sniffed (archives expanded, non-DICOM set aside)
+
     def __init__(self, scheduler: str, cfg: IngestConfig, pseudo: Pseudonymizer, store: Path) -> None:
         self.cfg = cfg
         self._run_dir: Path | None = None  # staging/dask-<run>, once write() made it
@@ -137,8 +139,9 @@ class DaskEngine:
             if self._run_dir is not None:
                 shutil.rmtree(self._run_dir, ignore_errors=True)
 
-    def headers(self, refs: list[SourceRef], report: IngestReport, progress: bool,
-                label_inputs: list[LabelInput]) -> list[SliceHeader]:
+    def headers(self, refs: list[SourceRef], report: IngestReport, progress: bool, label_inputs: list[LabelInput],
+                archives: list[tuple[SourceRef, str]] | None = None) -> list[SliceHeader]:
+        """``archives`` is never added to: discovery sniffed ``refs`` (:attr:`sniffs`)."""
         if not refs:
             return []
         check_workers_see(self.client, refs[0].path, "the source")

@@ -49,8 +49,8 @@ from medload.ingest.sniff import ZERO_WINDOW, not_dicom, zero_head, zeroed_reaso
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer  # stub-only: what RawIOBase.readinto is given
 
-__all__ = ["SourceRef", "DiscoveryProblem", "ArchiveLimits", "discover", "read_source", "open_source",
-           "problem_sha256"]
+__all__ = ["SourceRef", "DiscoveryProblem", "ArchiveLimits", "discover", "sniff_plain", "expand_archive",
+           "read_source", "open_source", "problem_sha256"]
 
 log = logging.getLogger(__name__)
 
@@ -60,25 +60,60 @@ _Found = SourceRef | DiscoveryProblem
 
 
 def discover(sources: str | os.PathLike | Sequence[str | os.PathLike], *, limits: ArchiveLimits = ArchiveLimits(),
-             spool_dir: Path | None = None) -> Iterator[SourceRef | DiscoveryProblem]:
+             spool_dir: Path | None = None, sniff: bool = True) -> Iterator[SourceRef | DiscoveryProblem]:
     """Every candidate DICOM input under ``sources`` (files, folders, zip and tar archives), in order.
 
     Folders are walked recursively in name order, archive members come in name order. Members of
     compressed tars are copied into ``spool_dir`` (created 0700 if missing; a private temporary folder
     when None, logged at INFO) and yielded with ``origin`` set: the spooled files stay there until the
     caller deletes the folder.
+
+    ``sniff=False`` reads no file: every regular, non-empty file found is yielded as a candidate, and
+    whoever reads it decides with :func:`sniff_plain` whether it is DICOM, not DICOM, or an archive to
+    expand (:func:`expand_archive`). The header pass does, in parallel: from a cold disk the first block
+    of each file is a random read, about ten times the rest of discovering the file (docs/benchmarks.md).
     """
-    walker = _Walker(limits, Spool(spool_dir))
+    walker = _Walker(limits, Spool(spool_dir), sniff)
     for source in [sources] if isinstance(sources, (str, os.PathLike)) else sources:
         yield from walker.source(os.path.abspath(os.fspath(source)))
+
+
+def sniff_plain(path: str, size: int) -> SourceRef | DiscoveryProblem | str:
+    """What the regular file at ``path`` (``size`` bytes, not empty) is, from its first block: a DICOM
+    candidate, a problem, or the kind of archive it is (see :func:`expand_archive`)."""
+    try:  # a descriptor, not a buffered file object: a third of discovery's CPU per file went to building one
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return _plain(path, fd, size, os.pread(fd, HEAD_BYTES, 0))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return DiscoveryProblem(path, None, f"cannot read: {describe(exc)}")
+
+
+def expand_archive(path: str, kind: str, *, limits: ArchiveLimits = ArchiveLimits(),
+                   spool_dir: Path | None = None) -> Iterator[SourceRef | DiscoveryProblem]:
+    """The members of the archive at ``path`` that :func:`sniff_plain` found to be of ``kind``, as
+    :func:`discover` yields them (compressed tars spooled into ``spool_dir``)."""
+    return _members(path, kind, limits, Spool(spool_dir))
+
+
+def _members(path: str, kind: str, limits: ArchiveLimits, spool: Spool) -> Iterator[SourceRef | DiscoveryProblem]:
+    empty = True
+    for item in scan_archive(path, kind, limits, spool):
+        empty = False
+        yield item
+    if empty:  # nothing but folders and OS litter: no file to report otherwise
+        yield DiscoveryProblem(path, None, f"{kind} archive without files", ignored=True)
 
 
 class _Walker:
     """State of one :func:`discover` call: limits, spool, real files already yielded."""
 
-    def __init__(self, limits: ArchiveLimits, spool: Spool) -> None:
+    def __init__(self, limits: ArchiveLimits, spool: Spool, sniff: bool) -> None:
         self._limits = limits
         self._spool = spool
+        self._sniff = sniff
         self._seen: set[tuple[int, int]] = set()
 
     def source(self, path: str) -> Iterator[_Found]:
@@ -164,24 +199,11 @@ class _Walker:
         if info.st_size == 0:
             yield DiscoveryProblem(path, None, "empty file")
             return
-        try:  # a descriptor, not a buffered file object: a third of discovery's CPU per file went to building one
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                found = _plain(path, fd, info.st_size, os.pread(fd, HEAD_BYTES, 0))
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            yield DiscoveryProblem(path, None, f"cannot read: {describe(exc)}")
-            return
-        if not isinstance(found, str):
+        found = sniff_plain(path, info.st_size) if self._sniff else SourceRef(path, None, info.st_size)
+        if isinstance(found, str):
+            yield from _members(path, found, self._limits, self._spool)
+        else:
             yield found
-            return
-        empty = True
-        for item in scan_archive(path, found, self._limits, self._spool):
-            empty = False
-            yield item
-        if empty:  # nothing but folders and OS litter: no file to report otherwise
-            yield DiscoveryProblem(path, None, f"{found} archive without files", ignored=True)
 
 
 def _plain(path: str, fd: int, size: int, head: bytes) -> SourceRef | DiscoveryProblem | str:

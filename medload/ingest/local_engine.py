@@ -103,7 +103,10 @@ class _ProcessRunner:
 
 
 class LocalEngine:
-    """The header pass and the writing of series on this machine, for :func:`medload.ingest.ingest`."""
+    """The header pass and the writing of series on this machine, for :func:`medload.ingest.ingest`.
+    ``sniffs``: its header pass takes files discovery did not read (``discover(sniff=False)``)."""
+
+    sniffs = True
 
     def __init__(self, cfg: IngestConfig, pseudo: Pseudonymizer, *, in_process: bool = False) -> None:
         self.cfg, self.pseudo = cfg, pseudo
@@ -128,8 +131,8 @@ class LocalEngine:
                 self.runner.close(stopping=exc[0] is not None)
 
     def headers(self, refs: list[SourceRef], report: IngestReport, progress: bool,
-                label_inputs: list[LabelInput]) -> list[SliceHeader]:
-        return header_pass(self.pool, refs, report, progress, label_inputs)
+                label_inputs: list[LabelInput], archives: list[tuple[SourceRef, str]] | None = None) -> list[SliceHeader]:
+        return header_pass(self.pool, refs, report, progress, label_inputs, archives)
 
     def write(self, plans: list[SeriesPlan], writer: StoreWriter, report: IngestReport, progress: bool,
               labels: LabelAssigner | None) -> None:

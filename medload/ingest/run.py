@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +26,7 @@ from medload import windows as win
 from medload.config import IngestConfig
 from medload.deid import KeyFile, Pseudonymizer
 from medload.errors import ConfigError, InputProblem, NoDicomError
-from medload.ingest.discover import DiscoveryProblem, SourceRef, discover, problem_sha256
+from medload.ingest.discover import DiscoveryProblem, SourceRef, discover, expand_archive, problem_sha256
 from medload.ingest.geometry import plan_geometry
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput, label_inputs_from_path
@@ -130,11 +130,17 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
         with disk_full_is_error(staging, "spool", "creating the spool folder for archive members"):
             spool = Path(tempfile.mkdtemp(prefix="spool-", dir=staging))
         try:
-            refs = _discover(sources, spool, report) + label_files
+            refs = _discover(sources, spool, report, engine.sniffs) + label_files
             if not (refs or label_inputs or force or empty_ok):
                 raise _no_dicom(listed, report, writer.root)
-            headers = engine.headers(refs, report, progress, label_inputs)
+            archives: list[tuple[SourceRef, str]] = []
+            headers = engine.headers(refs, report, progress, label_inputs, archives if engine.sniffs else None)
             del refs  # the headers came back with their own copies (~200 B a file: 200 MB per million files)
+            if archives:  # found by the header pass: their members are read now
+                members = _expand(archives, spool, report)
+                headers += engine.headers(members, report, progress, label_inputs)
+            if not (report.files or label_files or label_inputs or force or empty_ok):
+                raise _no_dicom(listed, report, writer.root)  # the files found were none of them DICOM
             candidates = group_series(headers, time_series=cfg.time_series,
                                       duplicate_tolerance=cfg.duplicate_tolerance_mm)
             del headers  # the candidates hold them
@@ -244,16 +250,33 @@ def _out_of_the_collectors_way() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _discover(sources: str | os.PathLike | Sequence[str | os.PathLike], spool: Path, report: IngestReport) -> list[SourceRef]:
+def _discover(sources: str | os.PathLike | Sequence[str | os.PathLike], spool: Path, report: IngestReport,
+              sniffed_later: bool) -> list[SourceRef]:
+    """The inputs under ``sources``; ``sniffed_later``: every regular file, unread, for the header pass to
+    sniff (it takes those that are not DICOM out of ``report.files`` again, see :func:`header_pass`)."""
+    refs = _kept(discover(sources, spool_dir=spool, sniff=not sniffed_later), report)
+    report.files = len(refs)
+    report.bytes = sum(r.size for r in refs)
+    return refs
+
+
+def _expand(archives: list[tuple[SourceRef, str]], spool: Path, report: IngestReport) -> list[SourceRef]:
+    """The members of the archives the header pass found, counted in ``report``."""
+    refs = _kept((item for ref, kind in archives for item in expand_archive(ref.path, kind, spool_dir=spool)), report)
+    report.files += len(refs)
+    report.bytes += sum(r.size for r in refs)
+    return refs
+
+
+def _kept(found: Iterable[SourceRef | DiscoveryProblem], report: IngestReport) -> list[SourceRef]:
+    """The references among ``found``; its problems are quarantined."""
     refs = []
-    for item in discover(sources, spool_dir=spool):
+    for item in found:
         if isinstance(item, DiscoveryProblem):
             report.rejects.append(RejectRecord(item.status, "discover", item.reason, item.display,
                                                problem_sha256(item)))
         else:
             refs.append(item)
-    report.files = len(refs)
-    report.bytes = sum(r.size for r in refs)
     return refs
 
 

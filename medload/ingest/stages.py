@@ -20,7 +20,7 @@ from medload.config import IngestConfig
 from medload.errors import MedloadError
 from medload.ingest import plausibility
 from medload.ingest.diffusion import diffusion_record
-from medload.ingest.discover import SourceRef
+from medload.ingest.discover import DiscoveryProblem, SourceRef, problem_sha256
 from medload.ingest.geometry import Geometry
 from medload.ingest.headers import SliceHeader
 from medload.ingest.isolation import IsolatedPool, Job, Lost
@@ -30,7 +30,16 @@ from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.ring import RingSupply, SliceRing, Span
 from medload.ingest.series import SeriesCandidate
 from medload.ingest.shared_values import SharedValues
-from medload.ingest.worker import DecodeChunk, EncodedSlice, Failure, decode_chunk, header_batch, source_sha256
+from medload.ingest.worker import (
+    Archive,
+    DecodeChunk,
+    EncodedSlice,
+    Failure,
+    decode_chunk,
+    header_batch,
+    sniffing_header_batch,
+    source_sha256,
+)
 from medload.labels.grid import SeriesGrid
 from medload.progress import progress_bar
 from medload.storage.digest import series_digest
@@ -54,12 +63,18 @@ _MAX_RING_SLOT = 64 << 20  # a chunk larger than this (one huge plane) goes thro
 
 
 def header_pass(pool: IsolatedPool, refs: list[SourceRef], report: IngestReport, progress: bool,
-                label_inputs: list[LabelInput]) -> list[SliceHeader]:
+                label_inputs: list[LabelInput], archives: list[tuple[SourceRef, str]] | None = None) -> list[SliceHeader]:
     """Image planes of every input; SEG/RTSTRUCT objects are added to ``label_inputs``. An input that
-    brings its worker down is quarantined and the rest of its batch read again."""
+    brings its worker down is quarantined and the rest of its batch read again.
+
+    ``archives``: the inputs were discovered without sniffing them (``discover(sniff=False)``): each plain
+    file is sniffed first; one that is not DICOM is quarantined as discovery would have, and taken out of
+    ``report.files`` and ``report.bytes``, and an archive goes to ``archives`` with its kind (for the caller
+    to expand, :func:`~medload.ingest.discover.expand_archive`)."""
     low, high = _HEADER_BATCH
     size = max(low, min(high, len(refs) // (8 * pool.size)))
-    jobs = deque((pool.submit(header_batch, refs[i : i + size]), refs[i : i + size]) for i in range(0, len(refs), size))
+    task = header_batch if archives is None else sniffing_header_batch
+    jobs = deque((pool.submit(task, refs[i : i + size]), refs[i : i + size]) for i in range(0, len(refs), size))
     headers: list[SliceHeader] = []
     shared = SharedValues()
     with progress_bar("reading headers", len(refs), enabled=progress) as advance:
@@ -71,15 +86,23 @@ def header_pass(pool: IsolatedPool, refs: list[SourceRef], report: IngestReport,
                 report.rejects.append(RejectRecord("rejected", "header", results.reason, culprit.display,
                                                    source_sha256(culprit)))
                 if rest:
-                    jobs.append((pool.submit(header_batch, rest), rest))
+                    jobs.append((pool.submit(task, rest), rest))
                 advance(1)
                 continue
-            for res in results:
+            for ref, res in zip(batch, results):
                 if isinstance(res, Failure):
                     report.rejects.append(RejectRecord("skipped" if res.skipped else "rejected", res.stage,
                                                        res.reason, res.source, res.sha256))
                 elif isinstance(res, LabelInput):
                     label_inputs.append(res)
+                elif isinstance(res, (DiscoveryProblem, Archive)):
+                    report.files -= 1
+                    report.bytes -= ref.size
+                    if isinstance(res, DiscoveryProblem):
+                        report.rejects.append(RejectRecord(res.status, "discover", res.reason, res.display,
+                                                           problem_sha256(res)))
+                    elif archives is not None:
+                        archives.append((ref, res.kind))
                 else:
                     headers.extend(shared.share(h) for h in res)
             advance(len(results))

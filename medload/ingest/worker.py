@@ -23,7 +23,7 @@ from medload.config import IngestConfig, format_size
 from medload.deid import Pseudonymizer
 from medload.errors import InputProblem
 from medload.ingest import plausibility
-from medload.ingest.discover import SourceRef, read_source
+from medload.ingest.discover import DiscoveryProblem, SourceRef, read_source, sniff_plain
 from medload.ingest.headers import SliceHeader, read_headers
 from medload.ingest.isolation import mark
 from medload.ingest.labels import LabelInput
@@ -32,8 +32,8 @@ from medload.ingest.ring import RingSlot, SlotWriter, Span
 from medload.storage.codec import encode_value, get_codec
 from medload.storage.digest import slice_digest
 
-__all__ = ["init_worker", "header_batch", "decode_chunk", "source_sha256", "DecodeChunk", "EncodedSlice", "Failure",
-           "FATAL"]
+__all__ = ["init_worker", "header_batch", "sniffing_header_batch", "decode_chunk", "source_sha256", "DecodeChunk",
+           "EncodedSlice", "Failure", "Archive", "FATAL"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,16 @@ class Failure:
     reason: str
     skipped: bool
     sha256: str | None
+
+
+@dataclass(frozen=True)
+class Archive:
+    """A file of the header pass that is an archive of this ``kind``: its members are read next."""
+
+    kind: str
+
+
+_HeaderResult = list[SliceHeader] | LabelInput | Failure
 
 
 @dataclass(frozen=True)
@@ -132,24 +142,43 @@ def _failure(ref: SourceRef, stage: str, exc: BaseException) -> Failure:
     return Failure(ref.display, stage, reason, skipped, source_sha256(ref))
 
 
-def header_batch(refs: list[SourceRef]) -> list[list[SliceHeader] | LabelInput | Failure]:
+def header_batch(refs: list[SourceRef]) -> list[_HeaderResult | DiscoveryProblem | Archive]:
     """Header pass over a batch of inputs: per input, its planes, the LabelInput of a SEG/RTSTRUCT, or a
-    :class:`Failure`."""
+    :class:`Failure` (never a problem or an archive: see :func:`sniffing_header_batch`)."""
+    return _headers(refs, sniff=False)
+
+
+def sniffing_header_batch(refs: list[SourceRef]) -> list[_HeaderResult | DiscoveryProblem | Archive]:
+    """:func:`header_batch` over inputs discovered without reading them (``discover(sniff=False)``): each
+    file that is no archive member is first sniffed (:func:`~medload.ingest.discover.sniff_plain`), and
+    one that is not DICOM is its :class:`DiscoveryProblem`, an archive its :class:`Archive`."""
+    return _headers(refs, sniff=True)
+
+
+def _headers(refs: list[SourceRef], sniff: bool) -> list[_HeaderResult | DiscoveryProblem | Archive]:
     pseudo = _State.pseudo
     if pseudo is None:
         raise RuntimeError("header_batch runs in a process set up by init_worker (it has no pseudonymisation key)")
-    out: list[list[SliceHeader] | LabelInput | Failure] = []
+    out: list[_HeaderResult | DiscoveryProblem | Archive] = []
     seen: dict = {}
     for i, ref in enumerate(refs):
         mark(i)
         try:
-            found = read_headers(ref, pseudo, _State.cfg)
+            if sniff and ref.member is None and ref.origin is None:
+                found = sniff_plain(ref.path, ref.size)
+                if isinstance(found, DiscoveryProblem):
+                    out.append(found)
+                    continue
+                if isinstance(found, str):
+                    out.append(Archive(found))
+                    continue
+            headers = read_headers(ref, pseudo, _State.cfg)
         except FATAL:
             raise
         except BaseException as exc:  # noqa: BLE001 -- a damaged file must never stop the run (see FATAL)
             out.append(_failure(ref, "header", exc))
             continue
-        out.append(_share_repeats(found, seen) if isinstance(found, list) else found)
+        out.append(_share_repeats(headers, seen) if isinstance(headers, list) else headers)
     return out
 
 

@@ -27,9 +27,11 @@ from medload.ingest.discover import (
     DiscoveryProblem,
     SourceRef,
     discover,
+    expand_archive,
     open_source,
     problem_sha256,
     read_source,
+    sniff_plain,
 )
 
 
@@ -97,6 +99,35 @@ def test_folder_walk_is_recursive_sorted_and_repeatable(tmp_path: Path) -> None:
         ".hidden", "B.dcm", "a.dcm", "b/2.dcm", "b/a/1.dcm", "c/d/e/deep"]
     assert all(r.member is None and r.size == len(dcm(r.path[len(str(root)) + 1:])) for r in refs)
     assert list(discover(root)) == list(discover(str(root))) == list(discover([root]))
+
+
+def test_unsniffed_discovery_reads_no_file_and_its_readers_sniff_what_discovery_would(tmp_path: Path) -> None:
+    """``sniff=False`` yields every regular, non-empty file unread; :func:`sniff_plain` on each, and
+    :func:`expand_archive` on the archives, then give what sniffing discovery gives, in the same order."""
+    root = tmp_path / "export"
+    write(root / "a.dcm", dcm("A"))
+    write(root / "b.txt", b"plain text, not DICOM")
+    write(root / "c.dcm", bytes(600))
+    write(root / "d.bin", b"\x01\x02 no preamble, nothing known")
+    write(root / "empty.dcm", b"")
+    make_zip(root / "e.zip", {"x/1.dcm": dcm("X"), "x/notes.txt": b"text"})
+    make_tar(root / "f.tar.gz", {"y/2.dcm": dcm("Y")}, "gz")
+    spool = tmp_path / "spool"
+    unsniffed = list(discover(root, sniff=False))
+    assert [f.display for f in unsniffed] == [str(root / n) for n in ("a.dcm", "b.txt", "c.dcm", "d.bin", "e.zip",
+                                                                     "empty.dcm", "f.tar.gz")]
+    assert isinstance(unsniffed[5], DiscoveryProblem) and unsniffed[5].reason == "empty file"  # told by its size
+    assert all(isinstance(f, SourceRef) for f in unsniffed[:5] + unsniffed[6:])
+
+    def key(item: SourceRef | DiscoveryProblem) -> tuple:
+        return (type(item).__name__, item.display, item.reason if isinstance(item, DiscoveryProblem) else item.size)
+
+    sniffed_later = []
+    for item in unsniffed:
+        verdict = sniff_plain(item.path, item.size) if isinstance(item, SourceRef) else item
+        sniffed_later += (expand_archive(item.path, verdict, spool_dir=spool) if isinstance(verdict, str)
+                          else [verdict])
+    assert [key(f) for f in sniffed_later] == [key(f) for f in discover(root, spool_dir=tmp_path / "spool2")]
 
 
 def test_several_sources_and_missing_source(tmp_path: Path) -> None:

@@ -441,6 +441,54 @@ def test_zip_and_tar_gz_equal_the_folder(tmp_path: Path, run_ingest) -> None:
         assert store_dump(store) == store_dump(store_dir)
 
 
+def test_files_the_header_pass_sniffs_are_quarantined_and_expanded_as_discovery_would(tmp_path: Path,
+                                                                                        run_ingest) -> None:
+    """The local ingest discovers files without reading them (``discover(sniff=False)``) and its header
+    workers sniff them: what it quarantines at the discover stage, the files and bytes it counts, and what it
+    stores equal what discovery finds sniffing each file itself, archives in the folder included."""
+    from medload.ingest.discover import DiscoveryProblem, discover
+
+    src = tmp_path / "src"
+    make_series(src / "plain", SeriesSpec(**SMALL), seed=86)
+    zipped = make_series(tmp_path / "zipped", SeriesSpec(**SMALL, orientation="oblique"), seed=87)
+    with zipfile.ZipFile(src / "export.zip", "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in zipped.paths:
+            archive.write(path, f"export/{path.name}")
+        archive.writestr("export/notes.txt", "not an image")
+    with tarfile.open(src / "empty.tar.gz", "w:gz"):
+        pass
+    (src / "README.txt").write_text("a study export")
+    (src / "zeros.dcm").write_bytes(bytes(4096))
+    (src / "empty.dcm").write_bytes(b"")
+    found = list(discover(src, spool_dir=tmp_path / "spool"))
+    refs = [f for f in found if not isinstance(f, DiscoveryProblem)]
+    problems = sorted((p.status, p.reason, p.display) for p in found if isinstance(p, DiscoveryProblem))
+    assert len(problems) == 5 and len(refs) == 2 * SMALL["n_slices"]
+
+    for workers in (1, 2):
+        report, store = run_ingest(src, workers=workers)
+        assert report.counts["ingested"] == 2 and report.files == len(refs)
+        assert report.bytes == sum(r.size for r in refs)
+        assert sorted((r.status, r.reason, r.source) for r in report.rejects if r.stage == "discover") == problems
+        assert len(store.series()) == 2
+
+
+def test_sources_whose_files_are_none_of_them_dicom_are_refused_after_the_header_pass(tmp_path: Path) -> None:
+    """Discovery no longer reads the files: a folder of text and zeros still stops the ingest with the
+    error naming what it holds, and leaves no store behind."""
+    from medload.config import IngestConfig
+    from medload.errors import NoDicomError
+    from medload.ingest.run import ingest
+
+    src = tmp_path / "docs"
+    src.mkdir()
+    (src / "notes.txt").write_text("nothing to see")
+    (src / "blank.dcm").write_bytes(bytes(2048))
+    with pytest.raises(NoDicomError, match=r"no DICOM found .*1 ignored.*1 rejected"):
+        ingest(src, tmp_path / "store", config=IngestConfig(workers=2))
+    assert not (tmp_path / "store").exists()
+
+
 # ---- 9. idempotence --------------------------------------------------------------------------------
 def test_reingest_is_idempotent_and_adds_only_new_series(tmp_path: Path, run_ingest) -> None:
     src = tmp_path / "src"
