@@ -64,13 +64,16 @@ _HEADER_TASK_FILES = 2048
 
 
 # ---- tasks (run on the workers) -------------------------------------------------------------------
-def _header_task(refs: list[SourceRef], setup: tuple[Pseudonymizer, IngestConfig]
-                 ) -> tuple[list[SliceHeader], list[LabelInput], list[RejectRecord]]:
+def _header_task(refs: list[SourceRef], setup: tuple[Pseudonymizer, IngestConfig]) -> tuple[
+        list[SliceHeader], list[LabelInput], list[RejectRecord], list[tuple[SourceRef, str]], int, int]:
+    """The header pass over ``refs``, discovered unread (it sniffs them): the headers, labels, quarantine
+    records and archives found, and how many files and bytes those not DICOM take off the report's count."""
     report = IngestReport(store="")
     labels: list[LabelInput] = []
+    archives: list[tuple[SourceRef, str]] = []
     with task_pool(setup) as (pool, _):
-        headers = header_pass(pool, refs, report, False, labels)
-    return headers, labels, report.rejects
+        headers = header_pass(pool, refs, report, False, labels, archives)
+    return headers, labels, report.rejects, archives, report.files, report.bytes
 
 
 class _DaskRunner:
@@ -99,8 +102,6 @@ class _DaskRunner:
 class DaskEngine:
     """The header pass and the writing of series as tasks on the Dask cluster ``scheduler``
     (see :mod:`medload.ingest.cluster`), for :func:`medload.ingest.ingest`."""
-
-    sniffs = False  # its header tasks take files discovery has sniffed (archives expanded, non-DICOM set aside)
 
     def __init__(self, scheduler: str, cfg: IngestConfig, pseudo: Pseudonymizer, store: Path) -> None:
         self.cfg = cfg
@@ -141,7 +142,8 @@ class DaskEngine:
 
     def headers(self, refs: list[SourceRef], report: IngestReport, progress: bool, label_inputs: list[LabelInput],
                 archives: list[tuple[SourceRef, str]] | None = None) -> list[SliceHeader]:
-        """``archives`` is never added to: discovery sniffed ``refs`` (:attr:`sniffs`)."""
+        """As :meth:`LocalEngine.headers <medload.ingest.local_engine.LocalEngine.headers>`: ``archives``
+        given, ``refs`` were discovered unread and the tasks sniff them."""
         if not refs:
             return []
         check_workers_see(self.client, refs[0].path, "the source")
@@ -163,10 +165,14 @@ class DaskEngine:
                 future.release()
         headers: list[SliceHeader] = []
         for i in range(len(batches)):
-            found, labels, rejects = results[i]
+            found, labels, rejects, archived, files, size = results[i]
             headers += found
             label_inputs += labels
             report.rejects += rejects
+            report.files += files
+            report.bytes += size
+            if archives is not None:
+                archives += archived
         return headers
 
     def write(self, plans: list[SeriesPlan], writer: StoreWriter, report: IngestReport, progress: bool,

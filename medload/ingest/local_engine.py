@@ -103,10 +103,7 @@ class _ProcessRunner:
 
 
 class LocalEngine:
-    """The header pass and the writing of series on this machine, for :func:`medload.ingest.ingest`.
-    ``sniffs``: its header pass takes files discovery did not read (``discover(sniff=False)``)."""
-
-    sniffs = True
+    """The header pass and the writing of series on this machine, for :func:`medload.ingest.ingest`."""
 
     def __init__(self, cfg: IngestConfig, pseudo: Pseudonymizer, *, in_process: bool = False) -> None:
         self.cfg, self.pseudo = cfg, pseudo

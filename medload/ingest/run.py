@@ -130,11 +130,11 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
         with disk_full_is_error(staging, "spool", "creating the spool folder for archive members"):
             spool = Path(tempfile.mkdtemp(prefix="spool-", dir=staging))
         try:
-            refs = _discover(sources, spool, report, engine.sniffs) + label_files
+            refs = _discover(sources, spool, report) + label_files  # files unread: the header pass sniffs them
             if not (refs or label_inputs or force or empty_ok):
                 raise _no_dicom(listed, report, writer.root)
             archives: list[tuple[SourceRef, str]] = []
-            headers = engine.headers(refs, report, progress, label_inputs, archives if engine.sniffs else None)
+            headers = engine.headers(refs, report, progress, label_inputs, archives)
             del refs  # the headers came back with their own copies (~200 B a file: 200 MB per million files)
             if archives:  # found by the header pass: their members are read now
                 members = _expand(archives, spool, report)
@@ -250,11 +250,10 @@ def _out_of_the_collectors_way() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _discover(sources: str | os.PathLike | Sequence[str | os.PathLike], spool: Path, report: IngestReport,
-              sniffed_later: bool) -> list[SourceRef]:
-    """The inputs under ``sources``; ``sniffed_later``: every regular file, unread, for the header pass to
-    sniff (it takes those that are not DICOM out of ``report.files`` again, see :func:`header_pass`)."""
-    refs = _kept(discover(sources, spool_dir=spool, sniff=not sniffed_later), report)
+def _discover(sources: str | os.PathLike | Sequence[str | os.PathLike], spool: Path, report: IngestReport) -> list[SourceRef]:
+    """The inputs under ``sources``: every regular file, unread, for the header pass to sniff (it takes those
+    that are not DICOM out of ``report.files`` again: :func:`~medload.ingest.stages.header_pass`)."""
+    refs = _kept(discover(sources, spool_dir=spool, sniff=False), report)
     report.files = len(refs)
     report.bytes = sum(r.size for r in refs)
     return refs

@@ -134,6 +134,31 @@ def test_a_decoder_crash_in_a_dask_task_is_quarantined(cluster, tmp_path):
     assert verify_store(tmp_path / "store").ok
 
 
+def test_dask_header_tasks_sniff_the_files_and_archives_are_read_after(cluster, tmp_path):
+    """Discovery reads no file on Dask either: the header tasks sniff them; what is quarantined at the
+    discover stage and the files counted equal what a sniffing discovery finds, and the series in a zip
+    inside the folder are stored."""
+    import zipfile
+
+    from medload.ingest.discover import DiscoveryProblem, discover
+
+    src, zipped = tmp_path / "src", tmp_path / "zipped"
+    make_study(src / "plain", _specs(1, 32, 6), seed=7)
+    make_study(zipped, _specs(1, 32, 5), seed=8)
+    with zipfile.ZipFile(src / "export.zip", "w") as archive:
+        for path in sorted(zipped.rglob("*.dcm")):
+            archive.write(path, path.relative_to(zipped).as_posix())
+    (src / "README.txt").write_text("a study export")
+    (src / "zeros.dcm").write_bytes(bytes(1024))
+    found = list(discover(src, spool_dir=tmp_path / "spool"))
+    problems = sorted((p.status, p.reason, p.display) for p in found if isinstance(p, DiscoveryProblem))
+    report = ingest([src], tmp_path / "store", scheduler=cluster.scheduler.address)
+    assert report.counts["ingested"] == 2
+    assert report.files == sum(not isinstance(f, DiscoveryProblem) for f in found) == 11
+    assert sorted((r.status, r.reason, r.source) for r in report.rejects if r.stage == "discover") == problems
+    assert len(problems) == 2
+
+
 def _count_decoder_forks() -> None:
     """On a worker: count the decoding processes its tasks fork (shard_tasks.isolated_pool)."""
     from medload.ingest import shard_tasks
