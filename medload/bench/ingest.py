@@ -17,6 +17,9 @@ Contenders (each timed run is a fresh process, so none inherits another's import
   ingest with its whole process tree on one CPU (``sched_setaffinity``): the baseline for how throughput
   grows with the cores. Every local medload row reports ``cores_busy``, the CPU seconds of its whole
   process tree (``RUSAGE_SELF`` + ``RUSAGE_CHILDREN``, every child reaped by then) per second of the ingest.
+- ``... files not in the page cache``: medload at N workers and pydicom in N processes with the source
+  files' pages dropped before each timed run (``posix_fadvise``; their folders and inodes stay cached):
+  what an archive larger than the machine's memory costs to read.
 - ``medload writer capacity``: the writing side alone (puts into a task shard, one transaction and a synced
   commit per series), fed slices decoded, windowed and encoded beforehand (untimed): the files/s one
   writing process absorbs, so a small machine shows how many decode workers one writer could serve.
@@ -56,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from medload.bench.common import spread, tree_bytes
+from medload.bench.common import data_files, evict_page_cache, spread, tree_bytes, tree_read_bytes
 from medload.config import affinity_cores
 
 __all__ = ["INGEST_PROCESS", "WRITER", "IngestContender", "contenders", "run_ingest", "make_data", "replicate", "main"]
@@ -70,6 +73,9 @@ PINNED = "medload ingest (1 worker, pinned to 1 core)"
 WRITER = "medload writer capacity (1 process)"
 """The writing side alone, fed slices decoded and encoded beforehand (into a task shard, as local and Dask
 tasks write): what one task's writer absorbs."""
+COLD = "files not in the page cache"
+"""Rows whose source files' pages are dropped before each timed run: read from the disk, as an archive
+larger than the machine's memory is (the folders' entries and the files' inodes stay cached)."""
 INGEST_PROCESS = "medload ingest process capacity"
 """The serial part of a medload ingest row: files per CPU-second of the timed (ingest) process alone --
 discovery, headers received, grouping, planning, publishing -- the files/s it could absorb were it the
@@ -200,6 +206,9 @@ def _child(spec: dict) -> dict:
     """One contender's work in this (fresh) process; the seconds exclude the imports (and starting a
     Dask cluster, reported apart as ``cluster_start_s``)."""
     kind, src = spec["kind"], Path(spec["src"])
+    if spec.get("cold"):  # untimed: the files' pages written out, then dropped (their folders stay cached)
+        os.sync()
+        evict_page_cache(data_files([src]))
     with ExitStack() as stack:
         scheduler, started = None, None
         if kind == "medload":
@@ -219,7 +228,7 @@ def _child(spec: dict) -> dict:
             import medload.storage.task_shard  # noqa: F401
         else:
             import pydicom  # noqa: F401
-        t0 = time.perf_counter()
+        read0, t0 = tree_read_bytes(), time.perf_counter()
         if kind == "pydicom":
             out = _run_pydicom(src, spec["procs"])
         elif kind == "writer":
@@ -229,6 +238,7 @@ def _child(spec: dict) -> dict:
         else:
             out = _run_medload(src, Path(spec["store"]), spec["workers"], spec["codec"], scheduler)
         out["seconds"] = out.pop("timed_seconds", time.perf_counter() - t0)
+        out["read_mb"] = (tree_read_bytes() - read0) / 1e6
     if started is not None:
         out["cluster_start_s"] = started
     return out
@@ -289,6 +299,8 @@ def contenders(src: Path, work: Path, *, cores: int, codecs: Sequence[str] = (CO
     out = [IngestContender(PEERS["pydicom"], 1, child(kind="pydicom", procs=1))]
     if cores > 1:
         out.append(IngestContender(f"pydicom read+decode ({cores} procs)", cores, child(kind="pydicom", procs=cores)))
+        out.append(IngestContender(f"pydicom read+decode ({cores} procs, {COLD})", cores,
+                                   child(kind="pydicom", procs=cores, cold=True)))
     out.append(IngestContender(PEERS["dcm2niix"], 1, lambda: _run_dcm2niix(src, work / "nii", timeout)))
     out.append(IngestContender(PEERS["simpleitk"], 1, child(kind="simpleitk")))
     for codec in codecs:
@@ -302,6 +314,9 @@ def contenders(src: Path, work: Path, *, cores: int, codecs: Sequence[str] = (CO
             out.append(IngestContender(f"medload ingest ({cores} workers)", cores,
                                        child(kind="medload", store=str(work / f"storeN{tag}"), workers=cores,
                                              codec=codec)))
+            out.append(IngestContender(f"medload ingest ({cores} workers, {COLD})", cores,
+                                       child(kind="medload", store=str(work / "storeN-cold"), workers=cores,
+                                             codec=codec, cold=True)))
     for n in sorted({1, cores}):
         out.append(IngestContender(f"medload ingest on Dask, {n} worker{'s' if n > 1 else ''}", n,
                                    child(kind="medload", store=str(work / f"store-dask{n}"), workers=n, codec=CODEC,
@@ -352,7 +367,11 @@ def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: 
             busy = [r["cores_busy"] for r in results if "cores_busy" in r]
             if busy:
                 row["cores_busy"] = spread(busy)["median"]
-            detail = {k: v for k, v in results[-1].items() if k not in ("seconds", "ingest_process_cpu_s", "cores_busy")}
+            read = [r["read_mb"] for r in results if "read_mb" in r]
+            if read:  # MB its process tree had read from storage (not the page cache) in the timed run
+                row["read_mb"] = spread(read)["median"]
+            detail = {k: v for k, v in results[-1].items()
+                      if k not in ("seconds", "ingest_process_cpu_s", "cores_busy", "read_mb")}
             if detail:
                 row["detail"] = detail
             rows.append(row)

@@ -4,11 +4,14 @@ and skipped contenders are reported with their reason, the plot is a PNG, the RE
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 from medload.bench import report
-from medload.bench.ingest import INGEST_PROCESS, PINNED, WRITER
+from medload.bench.common import tree_read_bytes
+from medload.bench.ingest import COLD, INGEST_PROCESS, PINNED, WRITER
 from medload.bench.run import BenchConfig, run_bench
 from medload.errors import ConfigError
 
@@ -22,6 +25,20 @@ TINY = BenchConfig(series_25d=2, slices_25d=5, size_25d=48, series_3d=1, slices_
 def broken_loader(prep, batch_size: int, num_workers: int, device: str):
     """A contender of our own that fails (resolved by the benchmark from this file)."""
     raise RuntimeError("boom: this loader is broken on purpose")
+
+
+def _io_accounting() -> bool:
+    """Whether this kernel counts the bytes a process reads from storage (``/proc/self/io``)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(dir=Path(__file__).parent) as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        before = tree_read_bytes()
+        os.pread(f.fileno(), 1 << 20, 0)
+        return tree_read_bytes() > before
 
 
 def printed_rows(text: str) -> list[list[str]]:
@@ -84,6 +101,13 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
         scaling = next(t for t in results["ingest"]["targets"] if t["measure"].endswith("pinned to 1 core (files/s)"))
         assert scaling["value"] == pytest.approx(ingest_rows[f"medload ingest ({cores} workers)"]["files_per_s"]
                                                  / pinned["files_per_s"])
+    if cores > 1:  # the rows whose files are read from the disk: every byte of them, where the kernel counts them
+        cold = [ingest_rows[f"{name} ({cores} {unit}, {COLD})"] for name, unit in (("pydicom read+decode", "procs"),
+                                                                                 ("medload ingest", "workers"))]
+        assert all(r["status"] == "ok" and r["files_per_s"] > 0 for r in cold)
+        if _io_accounting():
+            assert all(r["read_mb"] >= 0.9 * results["ingest"]["megabytes"] for r in cold), cold
+            assert ingest_rows[f"medload ingest ({cores} workers)"]["read_mb"] < 0.5 * results["ingest"]["megabytes"]
     widest = ingest_rows[f"medload ingest ({cores} workers)" if cores > 1 else "medload ingest (1 worker)"]
     absorbed = next(t for t in results["ingest"]["targets"] if t["run"].startswith(INGEST_PROCESS))
     assert absorbed["run"] == f"{INGEST_PROCESS} ({cores} worker{'s' if cores > 1 else ''})"
