@@ -127,12 +127,9 @@ def _read_bytes(pid: int) -> int:
 
 def tree_read_bytes() -> int:
     """Bytes this process and its descendants have had read from storage (``read_bytes`` of
-    ``/proc/<pid>/io``: reads the page cache could not serve, readahead included), counting children
-    that have ended (``getrusage(RUSAGE_CHILDREN).ru_inblock``, in 512-byte blocks)."""
-    import resource
-
-    ended = resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock * 512
-    return ended + sum(_read_bytes(p) for p in _tree(os.getpid()))
+    ``/proc/<pid>/io``: reads the page cache could not serve, readahead included). Children that have
+    ended are in it: the kernel adds a reaped child's counts to its parent's."""
+    return sum(_read_bytes(p) for p in _tree(os.getpid()))
 
 
 def data_files(paths: Sequence[str | os.PathLike]) -> list[Path]:

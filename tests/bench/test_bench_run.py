@@ -41,6 +41,29 @@ def _io_accounting() -> bool:
         return tree_read_bytes() > before
 
 
+def test_bytes_read_by_ended_children_are_counted_once(tmp_path):
+    """tree_read_bytes: a child that read a file from the disk and was reaped counts its bytes once (the
+    kernel adds them to this process's own counts; they were counted twice before)."""
+    if not _io_accounting():
+        pytest.skip("this kernel does not count the bytes a process reads from storage (/proc/self/io)")
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(8 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    before = tree_read_bytes()
+    pid = os.fork()
+    if pid == 0:
+        with open(path, "rb") as f:
+            f.read()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert 0.9 * (8 << 20) <= tree_read_bytes() - before <= 1.5 * (8 << 20)
+
+
 def printed_rows(text: str) -> list[list[str]]:
     """The body rows of every rich table in ``text``, as stripped cells."""
     return [[c.strip() for c in line.strip().strip("│").split("│")] for line in text.splitlines()
