@@ -62,7 +62,7 @@ import numpy as np
 from medload.bench.common import data_files, evict_page_cache, spread, tree_bytes, tree_read_bytes
 from medload.config import affinity_cores
 
-__all__ = ["INGEST_PROCESS", "WRITER", "IngestContender", "contenders", "run_ingest", "make_data", "replicate", "main"]
+__all__ = ["COLD", "INGEST_PROCESS", "WRITER", "IngestContender", "contenders", "run_ingest", "make_data", "replicate", "main"]
 
 CODEC = "blosc2-lz4"
 PEERS = {"pydicom": "pydicom read+decode (1 proc)", "dcm2niix": "dcm2niix .nii (1 thread)",
