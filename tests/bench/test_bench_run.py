@@ -45,7 +45,7 @@ def test_bytes_read_by_ended_children_are_counted_once(tmp_path):
     """tree_read_bytes: a child that read a file from the disk and was reaped counts its bytes once (the
     kernel adds them to this process's own counts; they were counted twice before)."""
     if not _io_accounting():
-        pytest.skip("this kernel does not count the bytes a process reads from storage (/proc/self/io)")
+        pytest.skip(reason="this kernel does not count the bytes a process reads from storage (/proc/self/io)")
     path = tmp_path / "data.bin"
     path.write_bytes(os.urandom(8 << 20))
     fd = os.open(path, os.O_RDONLY)
