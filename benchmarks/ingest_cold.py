@@ -12,11 +12,12 @@ ingest`` has the same rows (files not in the page cache) side by side with the w
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import tempfile
 import time
 from pathlib import Path
+
+from ingest_serial import time_stages  # this folder: run as a script
 
 import medload.ingest.run as run
 from medload.allocator import keep_large_buffers_in_heap
@@ -24,22 +25,6 @@ from medload.bench.common import data_files, evict_page_cache, read_files
 from medload.config import IngestConfig
 from medload.deid import create_key
 from medload.ingest.local_engine import LocalEngine
-
-walls: dict[str, float] = {}
-
-
-def _timed(owner: object, name: str, stage: str) -> None:
-    fn = getattr(owner, name)
-
-    @functools.wraps(fn)
-    def timed(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            walls[stage] = walls.get(stage, 0.0) + time.perf_counter() - t0
-
-    setattr(owner, name, timed)
 
 
 def main() -> None:
@@ -49,9 +34,8 @@ def main() -> None:
     parser.add_argument("--warm", action="store_true")
     args = parser.parse_args()
     keep_large_buffers_in_heap()
-    _timed(run, "_discover", "discovery")
-    _timed(LocalEngine, "headers", "header pass")
-    _timed(LocalEngine, "write", "decode and write")
+    walls = time_stages(((run, "_discover", "discovery"), (LocalEngine, "headers", "header pass"),
+                         (LocalEngine, "write", "decode and write")), time.perf_counter)
     files = data_files([args.data])
     with tempfile.TemporaryDirectory(prefix="medload-cold-") as tmp:
         key = create_key(Path(tmp) / "k.key")

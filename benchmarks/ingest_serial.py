@@ -30,21 +30,23 @@ from medload.deid import create_key
 from medload.ingest.local_engine import LocalEngine
 from medload.storage.writer import StoreWriter
 
-spent: collections.Counter[str] = collections.Counter()
 
+def time_stages(stages: tuple[tuple[object, str, str], ...], clock=time.thread_time) -> collections.Counter[str]:
+    """Wrap each ``(owner, attribute, stage)`` function so that its calls add their ``clock`` seconds to the
+    returned counter under ``stage`` (also used by ``ingest_cold.py``, with wall time)."""
+    spent: collections.Counter[str] = collections.Counter()
+    for owner, name, stage in stages:
+        fn = getattr(owner, name)
 
-def _timed(owner: object, name: str, stage: str) -> None:
-    fn = getattr(owner, name)
+        def timed(*args, _fn=fn, _stage=stage, **kwargs):
+            t0 = clock()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                spent[_stage] += clock() - t0
 
-    @functools.wraps(fn)
-    def timed(*args, **kwargs):
-        t0 = time.thread_time()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            spent[stage] += time.thread_time() - t0
-
-    setattr(owner, name, timed)
+        setattr(owner, name, functools.wraps(fn)(timed))
+    return spent
 
 
 def main() -> None:
@@ -56,10 +58,9 @@ def main() -> None:
     ap.add_argument("--data", type=Path)
     args = ap.parse_args()
     keep_large_buffers_in_heap()  # as the medload command does
-    for owner, name, stage in ((run, "_discover", "discovery"), (LocalEngine, "headers", "header pass"),
-                               (run, "group_series", "grouping"), (run, "_plan", "planning"),
-                               (StoreWriter, "adopt", "adopting shards")):
-        _timed(owner, name, stage)
+    spent = time_stages(((run, "_discover", "discovery"), (LocalEngine, "headers", "header pass"),
+                         (run, "group_series", "grouping"), (run, "_plan", "planning"),
+                         (StoreWriter, "adopt", "adopting shards")))
     with tempfile.TemporaryDirectory(prefix="medload-serial-") as tmp:
         src = args.data or make_data(Path(tmp), args.series, args.slices)
         key = create_key(Path(tmp) / "k.key")
