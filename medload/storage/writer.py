@@ -180,7 +180,8 @@ class StoreWriter:
         for path in sorted((self.root / "shards").glob("*.lmdb")):
             name = path.name[: -len(".lmdb")]
             if name not in listed:
-                log.warning("shard %s was published but missing from store.json (crash); adding it", name)
+                log.warning("shard %s is in shards/ but not in store.json (a writer stopped between the two: killed, "
+                            "or its disk was full); listing it", name)
                 try:
                     self._add_to_manifest(name, path)
                     self.adopted.append(name)
