@@ -60,6 +60,8 @@ from typing import Any
 import numpy as np
 
 from medload.bench.common import data_files, evict_page_cache, spread, tree_bytes, tree_read_bytes
+from medload.bench.ingest_data import make_data, replicate
+from medload.bench.ingest_scaling import PINNED, medload_row, pydicom_row, scaling_curve, worker_counts
 from medload.config import affinity_cores
 
 __all__ = ["COLD", "INGEST_PROCESS", "WRITER", "IngestContender", "contenders", "run_ingest", "make_data", "replicate", "main"]
@@ -68,8 +70,6 @@ CODEC = "blosc2-lz4"
 PEERS = {"pydicom": "pydicom read+decode (1 proc)", "dcm2niix": "dcm2niix .nii (1 thread)",
          "simpleitk": "SimpleITK ImageSeriesReader (1 thread)"}
 """The peers every row is compared with (per core), by short name -> contender name."""
-PINNED = "medload ingest (1 worker, pinned to 1 core)"
-"""One worker with its whole process tree on one CPU: one core's throughput, the baseline of the scaling target."""
 WRITER = "medload writer capacity (1 process)"
 """The writing side alone, fed slices decoded and encoded beforehand (into a task shard, as local and Dask
 tasks write): what one task's writer absorbs."""
@@ -296,9 +296,10 @@ def contenders(src: Path, work: Path, *, cores: int, codecs: Sequence[str] = (CO
     def child(**spec) -> Callable[[], dict]:
         return lambda: _run_child({"src": str(src), **spec}, timeout)
 
+    counts = worker_counts(cores)[1:]  # the scaling curve: 2, 4, ... up to every core (none on one core)
     out = [IngestContender(PEERS["pydicom"], 1, child(kind="pydicom", procs=1))]
+    out += [IngestContender(pydicom_row(n), n, child(kind="pydicom", procs=n)) for n in counts]
     if cores > 1:
-        out.append(IngestContender(f"pydicom read+decode ({cores} procs)", cores, child(kind="pydicom", procs=cores)))
         out.append(IngestContender(f"pydicom read+decode ({cores} procs, {COLD})", cores,
                                    child(kind="pydicom", procs=cores, cold=True)))
     out.append(IngestContender(PEERS["dcm2niix"], 1, lambda: _run_dcm2niix(src, work / "nii", timeout)))
@@ -311,9 +312,8 @@ def contenders(src: Path, work: Path, *, cores: int, codecs: Sequence[str] = (CO
         if cores > 1 and codec == CODEC:
             out.append(IngestContender(PINNED, 1, child(kind="medload", store=str(work / "store1-pinned"), workers=1,
                                                         codec=codec, pin=True)))
-            out.append(IngestContender(f"medload ingest ({cores} workers)", cores,
-                                       child(kind="medload", store=str(work / f"storeN{tag}"), workers=cores,
-                                             codec=codec)))
+            out += [IngestContender(medload_row(n), n, child(kind="medload", store=str(work / f"store{n}"), workers=n,
+                                                             codec=codec)) for n in counts]
             out.append(IngestContender(f"medload ingest ({cores} workers, {COLD})", cores,
                                        child(kind="medload", store=str(work / "storeN-cold"), workers=cores,
                                              codec=codec, cold=True)))
@@ -393,45 +393,8 @@ def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: 
 
     return {"status": "ok", "source": source or str(src), "files": len(files), "megabytes": mb, "cores": ncores,
             "repeats": repeats, "warmup": warmup, "rows": rows, "sizes": sizes,
+            "scaling": scaling_curve(rows, worker_counts(ncores)),
             "targets": ingest_targets(rows, ncores, WRITER, INGEST_PROCESS, PINNED)}
-
-
-# ---- data ----------------------------------------------------------------------------------------
-def make_data(root: Path, series: int, slices: int) -> Path:
-    """``series`` synthetic 512x512 CT series (axial and oblique, signed and unsigned) under ``root/dicom``."""
-    from medload.synthetic import SeriesSpec, make_series
-
-    src = root / "dicom"
-    for i in range(series):
-        spec = SeriesSpec(n_slices=slices, rows=512, cols=512, pixel_spacing=(0.7, 0.7), slice_spacing=1.0,
-                          orientation="axial" if i % 2 == 0 else "oblique", signed=bool(i % 2),
-                          bits_stored=16 if i % 2 else 12)
-        make_series(src, spec, seed=100 + i, series_number=i + 1)
-    return src
-
-
-def replicate(src: Path, root: Path, copies: int) -> Path:
-    """N copies of every DICOM file under ``src``, each copy with new Study/Series/SOP Instance UIDs."""
-    import pydicom
-
-    out = root / "replicated"
-    files = sorted(p for p in src.rglob("*") if p.is_file())
-    for n in range(copies):
-        target = out / f"copy{n:03d}"
-        target.mkdir(parents=True)
-        uids: dict[str, str] = {}
-        for i, path in enumerate(files):
-            try:
-                ds = pydicom.dcmread(path)
-            except pydicom.errors.InvalidDicomError:
-                continue
-            for kw in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID"):
-                if kw in ds:
-                    setattr(ds, kw, uids.setdefault(str(getattr(ds, kw)), pydicom.uid.generate_uid()))
-            if "SOPInstanceUID" in ds:
-                ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
-            ds.save_as(target / f"{i:05d}.dcm")
-    return out
 
 
 # ---- the command-line script (benchmarks/ingest.py) ----------------------------------------------
@@ -447,6 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--slices", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot", type=Path, help="PNG of files/s against workers (the scaling curve, 2 cores or more)")
     ap.add_argument("--codec", action="append", default=None,
                     help=f"medload codecs to time at 1 worker (repeatable; default {CODEC} and raw)")
     args = ap.parse_args(argv)
@@ -468,6 +432,11 @@ def main(argv: list[str] | None = None) -> None:
     print_tables(section_tables({"ingest": result}))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
+    if args.plot:
+        from medload.bench.report import plot
+
+        plot({"ingest": result, "config": {"command": "benchmarks/ingest.py", "machine": {"cores": result["cores"]}}},
+             args.plot)
 
 
 if __name__ == "__main__":

@@ -112,7 +112,10 @@ def _ingest_tables(sec: dict) -> list[TableSpec]:
     for x in sec.get("targets", []):
         g.add([x["run"], x["measure"], fmt_ratio(x["value"]), f">= {fmt_ratio(x['target'])}",
                "-" if x["met"] is None else "yes" if x["met"] else "NO"], failed=x["met"] is False)
-    return [t, *([c] if c.rows else []), s, *([g] if g.rows else [])]
+    from medload.bench.ingest_scaling import scaling_table
+
+    curve = [scaling_table(sec)] if len(sec.get("scaling") or []) > 1 else []
+    return [t, *([c] if c.rows else []), *curve, s, *([g] if g.rows else [])]
 
 
 # ---- loading ---------------------------------------------------------------------------------------
@@ -327,12 +330,18 @@ def plot(results: dict, path: str | Path) -> Path:
 
     secs = [s for s in (results.get("loading") or {}).values() if s.get("status") == "ok"]
     scale = results.get("scale") if (results.get("scale") or {}).get("status") == "ok" else None
-    panels = len(secs) + (scale is not None)
+    ingest = results.get("ingest") or {}
+    curve = ingest if ingest.get("status") == "ok" and len(ingest.get("scaling") or []) > 1 else None
+    panels = len(secs) + (scale is not None) + (curve is not None)
     fig, axes = plt.subplots(1, max(1, panels), figsize=(7 * max(1, panels), 5), squeeze=False)
     if scale is not None:
         from medload.bench.scale_report import plot_scale
 
         plot_scale(scale, axes[0][len(secs)])
+    if curve is not None:
+        from medload.bench.ingest_scaling import plot_ingest_scaling
+
+        plot_ingest_scaling(curve, axes[0][panels - 1])
     names = list(dict.fromkeys(r["contender"] for s in secs for r in s["rows"]))
     colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
     for ax, sec in zip(axes[0], secs):

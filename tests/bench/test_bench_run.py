@@ -12,6 +12,7 @@ import pytest
 from medload.bench import report
 from medload.bench.common import tree_read_bytes
 from medload.bench.ingest import COLD, INGEST_PROCESS, PINNED, WRITER
+from medload.bench.ingest_scaling import medload_row, pydicom_row, worker_counts
 from medload.bench.run import BenchConfig, run_bench
 from medload.errors import ConfigError
 
@@ -93,8 +94,9 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
     results, text, out = bench
     printed = printed_rows(text)
     tables = report.section_tables(results)
+    curve = ["Ingest scaling"] if results["ingest"]["cores"] > 1 else []
     assert [t.title.split(":")[0] for t in tables] == [
-        "Ingest", "Ingest process (the serial part)", "Size on disk", "Ingest targets (issue 32), read from the rows above", "2.5D loading", "3D loading", "medload against each peer", "Scaling",
+        "Ingest", "Ingest process (the serial part)", *curve, "Size on disk", "Ingest targets (issue 32), read from the rows above", "2.5D loading", "3D loading", "medload against each peer", "Scaling",
         "Loading at scale", "Scale targets, read from the rows above", "Speed targets", "Memory target", "GPU"]
     for table in tables:
         for cells, failed in zip(table.rows, table.failed):
@@ -131,6 +133,14 @@ def test_printed_tables_are_the_figures_of_the_results(bench):
         if _io_accounting():
             assert all(r["read_mb"] >= 0.9 * results["ingest"]["megabytes"] for r in cold), cold
             assert ingest_rows[f"medload ingest ({cores} workers)"]["read_mb"] < 0.5 * results["ingest"]["megabytes"]
+    # the scaling curve: 1, 2, 4, ... workers up to every core, each point the figures of its rows
+    assert [p["workers"] for p in results["ingest"]["scaling"]] == worker_counts(cores)
+    for p in results["ingest"]["scaling"]:
+        own, peer = ingest_rows[medload_row(p["workers"])], ingest_rows[pydicom_row(p["workers"])]
+        assert p["medload_files_per_s"] == own["files_per_s"] and p["pydicom_files_per_s"] == peer["files_per_s"]
+        assert p["medload_x_1"] == pytest.approx(own["files_per_s"] / one)
+        assert p["medload_x_pydicom"] == pytest.approx(own["files_per_s"] / peer["files_per_s"])
+        assert p["cores_busy"] == own["cores_busy"]
     widest = ingest_rows[f"medload ingest ({cores} workers)" if cores > 1 else "medload ingest (1 worker)"]
     absorbed = next(t for t in results["ingest"]["targets"] if t["run"].startswith(INGEST_PROCESS))
     assert absorbed["run"] == f"{INGEST_PROCESS} ({cores} worker{'s' if cores > 1 else ''})"
