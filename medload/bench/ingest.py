@@ -45,6 +45,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -326,8 +327,9 @@ def contenders(src: Path, work: Path, *, cores: int, codecs: Sequence[str] = (CO
 
 
 def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: Sequence[str] = (CODEC,),
-               timeout: float = 1800, progress: bool = True, source: str | None = None) -> dict:
+               timeout: float = 1800, progress: bool = True, source: str | None = None, only: str | None = None) -> dict:
     """Time every contender on the files under ``src`` (scratch space under ``work``); every figure.
+    ``only``: a regular expression; just the contenders whose names it finds (e.g. the scaling curve's rows).
 
     A contender that fails is kept, with ``status="failed"`` and its ``error``; the others run on.
     """
@@ -339,7 +341,8 @@ def run_ingest(src: Path, work: Path, *, repeats: int, warmup: int = 1, codecs: 
     files = [p for p in src.rglob("*") if p.is_file()]
     dicom_bytes = sum(p.stat().st_size for p in files)
     mb = dicom_bytes / 1e6
-    plan = contenders(src, work, cores=ncores, codecs=codecs, timeout=timeout)
+    plan = [c for c in contenders(src, work, cores=ncores, codecs=codecs, timeout=timeout)
+            if only is None or re.search(only, c.name)]
     rows: list[dict[str, Any]] = []
     with progress_bar("ingest runs", len(plan) * (warmup + repeats), enabled=progress) as advance:
         for c in plan:
@@ -410,6 +413,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--slices", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--only", metavar="REGEX", help="time only the contenders whose names this finds, e.g. "
+                    "'medload ingest \\(|pydicom read\\+decode \\(\\d+ procs?\\)$' for the scaling curve")
     ap.add_argument("--plot", type=Path, help="PNG of files/s against workers (the scaling curve, 2 cores or more)")
     ap.add_argument("--codec", action="append", default=None,
                     help=f"medload codecs to time at 1 worker (repeatable; default {CODEC} and raw)")
@@ -428,7 +433,7 @@ def main(argv: list[str] | None = None) -> None:
             src = replicate(src, tmp, args.replicate)
         label = ("synthetic CT" if args.data is None else str(args.data)) + (
             f" x{args.replicate} (new UIDs)" if args.replicate else "")
-        result = run_ingest(src, tmp / "work", repeats=args.repeats, codecs=codecs, source=label)
+        result = run_ingest(src, tmp / "work", repeats=args.repeats, codecs=codecs, source=label, only=args.only)
     print_tables(section_tables({"ingest": result}))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
