@@ -31,6 +31,7 @@ from medload.ingest.geometry import plan_geometry
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput, label_inputs_from_path
 from medload.ingest.local_engine import LocalEngine
+from medload.ingest.memory_need import short_of_memory
 from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.series import SeriesCandidate, group_series
 from medload.ingest.stages import SeriesPlan
@@ -133,6 +134,8 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
             refs = _discover(sources, spool, report) + label_files  # files unread: the header pass sniffs them
             if not (refs or label_inputs or force or empty_ok):
                 raise _no_dicom(listed, report, writer.root)
+            if (short := short_of_memory(len(refs))) is not None:
+                log.warning("%s", short)
             archives: list[tuple[SourceRef, str]] = []
             headers = engine.headers(refs, report, progress, label_inputs, archives)
             del refs  # the headers came back with their own copies (~200 B a file: 200 MB per million files)
