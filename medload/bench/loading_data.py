@@ -12,12 +12,16 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from medload.bench.peers import PeerUnavailable
 
-__all__ = ["PreparedSeries", "Prepared", "make_synthetic", "prepare", "prepare_from", "series_folders",
+if TYPE_CHECKING:
+    from medload.synthetic import SeriesSpec
+
+__all__ = ["PreparedSeries", "Prepared", "make_synthetic", "write_synthetic", "prepare", "prepare_from", "series_folders",
            "choose_series", "ingest_into", "warm_page_cache", "KINDS"]
 
 KINDS = {"2.5d": 3, "3d": 32}
@@ -89,11 +93,25 @@ def make_synthetic(out: Path, *, series: int, slices: int, rows: int = 512, cols
 
     InstanceNumbers follow the slice order (``shuffle=False``): MONAI's PydicomReader stacks a folder by
     InstanceNumber, not by position, and must read the same volumes as everyone else."""
-    from medload.synthetic import SeriesSpec, make_series
+    from medload.synthetic import make_series
 
-    spec = SeriesSpec(n_slices=slices, rows=rows, cols=cols, pixel_spacing=(0.7, 0.7), slice_spacing=1.0)
+    spec = _spec(slices, rows, cols)
     return [make_series(Path(out) / f"series{i:02d}", spec, seed=seed + i, series_number=i + 1, shuffle=False)
             for i in range(first, first + series)]
+
+
+def _spec(slices: int, rows: int, cols: int) -> SeriesSpec:
+    from medload.synthetic import SeriesSpec
+
+    return SeriesSpec(n_slices=slices, rows=rows, cols=cols, pixel_spacing=(0.7, 0.7), slice_spacing=1.0)
+
+
+def write_synthetic(out: Path, *, series: int, slices: int, rows: int = 512, cols: int = 512, seed: int = 0) -> None:
+    """The files :func:`make_synthetic` writes, without its ground truth, one process per core."""
+    from medload.bench.ingest_data import SeriesJob, write_series
+
+    spec = _spec(slices, rows, cols)
+    write_series([SeriesJob(Path(out) / f"series{i:02d}", spec, seed + i, i + 1, shuffle=False) for i in range(series)])
 
 
 def prepare(root: str | os.PathLike, *, series: int, slices: int, samples: int, rows: int = 512, cols: int = 512,

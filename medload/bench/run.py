@@ -312,7 +312,7 @@ def _gpu_data(root: Path, cfg: BenchConfig, data: Path | None, key: Path, prep_2
 def _synthetic_inputs(results: dict, root: Path, cfg: BenchConfig, sections: tuple[str, ...], progress: bool,
                       clock: Clock, key: Path) -> _Inputs:
     """Synthetic CT for the sections (and the ingest section on it)."""
-    from medload.bench.loading_data import make_synthetic, prepare_from
+    from medload.bench.loading_data import make_synthetic, prepare_from, write_synthetic
 
     samples = samples_per_pass(cfg)
     scaling_points = [n for n in cfg.scaling if n >= 1]
@@ -337,8 +337,8 @@ def _synthetic_inputs(results: dict, root: Path, cfg: BenchConfig, sections: tup
             say(progress, f"writing synthetic CT to ingest: {cfg.ingest_series} series x {cfg.ingest_slices} slices")
             src = root / "dicom_ingest"
             with clock("synthetic data to ingest"):
-                make_synthetic(src, series=cfg.ingest_series, slices=cfg.ingest_slices, rows=cfg.size_25d,
-                               cols=cfg.size_25d, seed=2000)
+                write_synthetic(src, series=cfg.ingest_series, slices=cfg.ingest_slices, rows=cfg.size_25d,
+                                cols=cfg.size_25d, seed=2000)
         label = f"synthetic CT, {cfg.ingest_series} series x {cfg.ingest_slices} slices, {cfg.size_25d}x{cfg.size_25d}"
         with clock("ingest"):
             results["ingest"] = guarded(ingest_section, src, root / "ingest", cfg, progress, label)

@@ -63,13 +63,15 @@ def test_the_plot_draws_the_measured_points_and_one_pinned_core_per_worker(secti
                                                                pytest.approx(2400.0)])
 
 
-def test_the_section_data_are_the_same_files_written_in_parallel_or_one_by_one(tmp_path):
+def test_series_written_in_parallel_are_the_files_written_one_by_one(tmp_path):
     from conftest import file_hashes
 
-    from medload.bench.ingest_data import _one_series, make_data
+    from medload.bench.ingest_data import make_data
+    from medload.bench.loading_data import make_synthetic, write_synthetic
 
-    parallel = make_data(tmp_path / "parallel", series=3, slices=2)
-    for i in range(3):
-        _one_series((tmp_path / "serial" / "dicom", i, 2))
-    assert len(list(parallel.iterdir())) == 6
-    assert file_hashes(parallel) == file_hashes(tmp_path / "serial" / "dicom")
+    write_synthetic(tmp_path / "parallel", series=3, slices=2, rows=32, cols=32, seed=7)
+    make_synthetic(tmp_path / "serial", series=3, slices=2, rows=32, cols=32, seed=7)
+    written = file_hashes(tmp_path / "parallel")
+    assert len(written) == 6 and written == file_hashes(tmp_path / "serial")
+    mixed = make_data(tmp_path / "mixed", series=2, slices=2)  # an axial and an oblique series, 512 x 512
+    assert len(list(mixed.iterdir())) == 4
