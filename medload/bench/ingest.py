@@ -33,7 +33,8 @@ Contenders (each timed run is a fresh process, so none inherits another's import
   the other Python contenders, starting the cluster (about 1 s here) is not timed: it is reported
   apart (``cluster_start_s``), since a cluster serves many ingests.
 
-Python contenders time their work after their imports. One untimed warm-up run per contender fills
+Python contenders time their work after their imports (medload's codec included: an ingest imports it
+before forking its workers, as pydicom's pool inherits pydicom). One untimed warm-up run per contender fills
 the page cache. Figures: files/s and MB/s from the median of the repeats (min-max kept), per core, and
 per-core ratios against pydicom (1 process), dcm2niix and SimpleITK measured in this run; plus the size
 of the medload store and of dcm2niix's NIfTI against the DICOM.
@@ -216,7 +217,10 @@ def _child(spec: dict) -> dict:
             from medload.allocator import keep_large_buffers_in_heap
 
             keep_large_buffers_in_heap()  # as the `medload` command does for its own process
-            import medload.ingest  # noqa: F401 - imports are not timed
+            import medload.ingest  # noqa: F401 - imports are not timed, the codec's included (as pydicom's)
+            from medload.storage.codec import get_codec
+
+            get_codec(spec["codec"]).load()
             if spec.get("pin"):  # this process and every process it starts on one CPU
                 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
             if spec.get("dask_workers"):
