@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--only", metavar="REGEX", help="time only the contenders whose names this finds, e.g. "
-                    "'medload ingest \\(|pydicom read\\+decode \\(\\d+ procs?\\)$' for the scaling curve")
+                    "'medload ingest \\(\\d+ workers?\\)$|pydicom read\\+decode \\(\\d+ procs?\\)$' for the scaling curve")
     ap.add_argument("--plot", type=Path, help="PNG of files/s against workers (the scaling curve, 2 cores or more)")
     ap.add_argument("--codec", action="append", default=None,
                     help=f"medload codecs to time at 1 worker (repeatable; default {CODEC} and raw)")

@@ -322,7 +322,8 @@ def readme_tables(results: dict) -> str:
 def plot(results: dict, path: str | Path) -> Path:
     """A PNG of samples/s per contender, one panel per sample kind, bars grouped by num_workers (a
     ceiling's bar stands with the workers it is compared with); failed or skipped contenders are named
-    at the foot of their group."""
+    at the foot of their group. Then a panel of the scale section, and one of ingest files/s against
+    workers where the ingest section measured more than one worker count."""
     import matplotlib
 
     matplotlib.use("Agg")
