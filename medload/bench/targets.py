@@ -6,6 +6,8 @@ cold). A target whose row is missing has ``met`` None; a run on a busy machine s
 
 from __future__ import annotations
 
+from medload.bench.ingest_scaling import medload_row, pydicom_row
+
 __all__ = ["INGEST_TARGETS", "ingest_targets", "PSS_TARGET_MB", "SPEED_TARGETS", "SCALE_TARGETS", "DISK_TARGET",
            "GPU_TARGETS", "PATCH_TARGETS", "PATCH_PSS_MB", "memory_targets", "speed_targets", "scale_targets",
            "gpu_targets", "patch_targets"]
@@ -111,9 +113,9 @@ def ingest_targets(rows: list[dict], cores: int, writer: str, process: str, pinn
     against one worker pinned to one core (throughput per core added)."""
     ok = {r["contender"]: r for r in rows if r.get("status") == "ok"}
     rate = {name: r.get("files_per_s") for name, r in ok.items()}
-    widest = f"medload ingest ({cores} workers)" if cores > 1 else "medload ingest (1 worker)"
-    one, many, peer, core = (rate.get("medload ingest (1 worker)"), rate.get(f"medload ingest ({cores} workers)"),
-                             rate.get("pydicom read+decode (1 proc)"), rate.get(pinned))
+    widest = medload_row(cores)
+    one, many, peer, core = (rate.get(medload_row(1)), rate.get(medload_row(cores)),
+                             rate.get(pydicom_row(1)), rate.get(pinned))
     absorbed = (ok.get(widest) or {}).get("ingest_process_files_per_cpu_s")
     wanted = [(f"medload ingest, {cores} workers", "x 1 worker (files/s)", many / one if many and one else None,
                INGEST_TARGETS["scaling_per_worker"] * cores),
