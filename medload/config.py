@@ -41,6 +41,7 @@ from functools import cache
 from pathlib import Path
 
 from medload import windows
+from medload.cgroup_limits import affinity_cores, usable_cores
 from medload.errors import ConfigError
 
 if typing.TYPE_CHECKING:
@@ -59,16 +60,6 @@ _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 #: field metadata of a byte count: an integer, or a size string such as "4GB" (see :func:`parse_size`)
 _BYTES = {"unit": "bytes"}
-
-
-def affinity_cores() -> int:
-    """The cores this process may run on (its affinity mask, e.g. under taskset or a Slurm allocation).
-
-    Examples:
-        >>> affinity_cores() >= 1
-        True
-    """
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 #: A store's share settings (:mod:`medload.storage.sharing`): its owner only, or a group.
@@ -109,8 +100,9 @@ class IngestConfig:
     """How ``medload ingest`` decides and works. Policies reject by default; each names the problem.
 
     Attributes:
-        workers: decode processes (``None``: all cores); each input is read and decoded in one of
-            them, never in the writing process (see :mod:`medload.ingest.isolation`).
+        workers: decode processes (``None``: one per usable core -- fewer under a container's CPU quota --
+            and no more than fit in the free memory, see :mod:`medload.ingest.memory_need`); each input is
+            read and decoded in one of them, never in the writing process (see :mod:`medload.ingest.isolation`).
         codec: slice codec for a new store (see :mod:`medload.storage.codec`).
         windows: names of pre-windowed uint8 planes to store besides HU (see :mod:`medload.windows`);
             one name (``"lung"``) is one window.
@@ -190,7 +182,7 @@ class IngestConfig:
 
     @property
     def worker_count(self) -> int:
-        return self.workers or affinity_cores()
+        return self.workers or usable_cores()
 
 
 @dataclass(frozen=True)

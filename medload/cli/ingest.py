@@ -36,7 +36,8 @@ class _Source(click.Path):
 @click.argument("sources", nargs=-1, required=True, type=_Source(exists=True, path_type=Path))
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--workers", type=int, default=None,
-              help="Decode processes (default: all cores); not a training loader's --num-workers.")
+              help="Decode processes (default: one per usable core, as many as fit in memory); not a training "
+                   "loader's --num-workers.")
 @click.option("--scheduler", default=None, metavar="local[:N]|tcp://HOST:PORT|tls://HOST:PORT|slurm[:JOBS]",
               help="Run the header pass and decoding as tasks on a Dask cluster: a LocalCluster of N workers (default "
                    "--workers, else one per core), a running scheduler, or Slurm jobs via dask-jobqueue (docs/dask.md).")

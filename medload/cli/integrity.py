@@ -56,7 +56,7 @@ def _print_findings(report, prefix: str) -> None:
 @click.option("--labels", "label_paths", multiple=True, type=click.Path(exists=True, path_type=Path),
               help="Labels of the damaged series, or lost ones (verify notes them), as for ingest --labels "
                    "(SEG/RTSTRUCT among --sources pair by themselves). Repeatable.")
-@click.option("--workers", type=int, default=None, help="Decoding processes (default: all cores).")
+@click.option("--workers", type=int, default=None, help="Decoding processes (default: one per usable core, as many as fit in memory).")
 @key_file_option
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.pass_obj

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 from medload import windows as win
-from medload.config import affinity_cores, format_size, parse_size
+from medload.cgroup_limits import available_memory, usable_cores
+from medload.config import format_size, parse_size
 from medload.data.build import build_loader
 from medload.data.loader_types import Augment, LoaderDataset, LoaderTuning
 from medload.data.slot_ring import COPIES_IN_FLIGHT
@@ -87,9 +88,9 @@ class LoaderCosts:
 
 
 def free_cores() -> int:
-    """Cores this process may run on (its affinity mask), less the load of other processes: the
-    1-minute load average minus this process's own one, rounded; at least 1."""
-    cores = affinity_cores()
+    """Cores this process may use (its affinity mask, or its cgroup's CPU quota where less), less the load of
+    other processes: the 1-minute load average minus this process's own one, rounded; at least 1."""
+    cores = usable_cores()
     try:
         others = max(0.0, os.getloadavg()[0] - 1.0)
     except OSError:
@@ -98,12 +99,10 @@ def free_cores() -> int:
 
 
 def default_memory_budget() -> int:
-    """A quarter of the memory available now, at most 4 GB."""
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        available = 8 * 10**9
-    return min(4 * 10**9, available // 4)
+    """A quarter of the memory available now (the machine's, or a container's or job's limit where less:
+    :func:`~medload.cgroup_limits.available_memory`), at most 4 GB."""
+    available = available_memory()
+    return min(4 * 10**9, (8 * 10**9 if available is None else available) // 4)
 
 
 def dataset_bytes(dataset: LoaderDataset) -> int:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from medload import windows as win
-from medload.config import affinity_cores
+from medload.cgroup_limits import usable_cores
 from medload.data import loader_state
 from medload.data.batch_meta import as_meta_batch, sample_keys
 from medload.data.buffers import Recycler
@@ -109,7 +109,7 @@ class DeviceLoader:
         self._unlock: weakref.finalize | None = None  # unlocks the slots: at the latest when the loader goes
         self._recycler = Recycler() if device.type == "cpu" else None
         workers = loader.num_workers
-        self._threads = max(1, affinity_cores() - workers) if device.type == "cpu" and workers else None
+        self._threads = max(1, usable_cores() - workers) if device.type == "cpu" and workers else None
         self.progress = loader_state.LoaderProgress()  # where the trainer is in the epoch (state_dict)
 
     def __len__(self) -> int:

@@ -31,7 +31,7 @@ from medload.ingest.geometry import plan_geometry
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput, label_inputs_from_path
 from medload.ingest.local_engine import LocalEngine
-from medload.ingest.memory_need import short_of_memory
+from medload.ingest.memory_need import fit_workers, short_of_memory
 from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.series import SeriesCandidate, group_series
 from medload.ingest.stages import SeriesPlan
@@ -103,6 +103,8 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
     """
     cfg = config or IngestConfig()
     cfg = replace(cfg, windows=tuple(w.name for w in win.parse_list(",".join(cfg.windows))))
+    if scheduler is None or scheduler.startswith("local"):  # workers of this machine: as many as fit in its memory
+        cfg = fit_workers(cfg)
     listed = [sources] if isinstance(sources, (str, Path)) else list(sources)
     missing = [str(s) for s in listed if not Path(s).exists()]
     if missing:

@@ -1,35 +1,24 @@
-"""An archive whose headers will not fit in the free memory is said before the header pass, with what to do."""
+"""An archive whose headers will not fit in the free memory is said before the header pass, with what to do;
+the default worker count is what fits in the memory left, in a real cgroup too."""
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 import medload.ingest.memory_need as memory_need
-from medload.ingest.memory_need import BYTES_PER_FILE, available_memory, short_of_memory
+from medload.cgroup_limits import usable_cores
+from medload.config import IngestConfig
+from medload.ingest.memory_need import BYTES_PER_FILE, WORKER_BYTES, fit_workers, short_of_memory
+from medload.storage.store import open_store
 from medload.synthetic import SeriesSpec, make_series
 
-
-def test_free_memory_is_the_smaller_of_the_system_and_the_cgroup_limit(tmp_path):
-    proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
-    proc.mkdir()
-    cgroup.mkdir()
-    (proc / "meminfo").write_text("MemTotal:       32000000 kB\nMemFree:   1000 kB\nMemAvailable:   20000000 kB\n")
-    assert available_memory(proc, cgroup) == 20_000_000 * 1024  # no cgroup limit files: the system's figure
-    (cgroup / "memory.max").write_text("max\n")
-    (cgroup / "memory.current").write_text("123\n")
-    assert available_memory(proc, cgroup) == 20_000_000 * 1024
-    (cgroup / "memory.max").write_text(f"{8 << 30}\n")  # a Slurm job's or a container's limit, 1 GB of it used
-    (cgroup / "memory.current").write_text(f"{1 << 30}\n")
-    assert available_memory(proc, cgroup) == 7 << 30
-    assert available_memory(tmp_path / "nowhere", tmp_path / "nowhere") is None
-
-
-def test_this_machine_reports_its_free_memory():
-    free = available_memory()
-    total = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
-                 if line.startswith("MemTotal:"))
-    assert free is not None and 0 < free <= total
+MB = 1 << 20
 
 
 def test_the_warning_names_the_need_the_free_memory_and_what_to_do():
@@ -49,3 +38,61 @@ def test_an_ingest_warns_before_reading_headers_and_still_runs(tmp_path, run_ing
     warned = [r.getMessage() for r in caplog.records if "files: the ingest process will hold" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith("4 files:"), warned
     assert report.count("ingested") == 1 and len(list(store.series())) == 1
+
+
+def test_the_default_workers_are_as_many_as_fit_and_an_explicit_count_is_kept_with_a_warning(caplog):
+    default = IngestConfig(workers=None)
+    with caplog.at_level(logging.WARNING, logger="medload.ingest.memory_need"):
+        assert fit_workers(default, available=1 << 50) is default  # room for every core's worker: no change
+        assert caplog.records == []
+        cores = default.worker_count
+        small = fit_workers(IngestConfig(workers=None), available=3 * WORKER_BYTES)  # 75% of it: two workers
+        assert small.workers == (2 if cores > 2 else None)
+        tiny = fit_workers(IngestConfig(workers=None), available=WORKER_BYTES // 2)
+        assert tiny.workers == (1 if cores > 1 else None)  # at least one, whatever is free
+        explicit = IngestConfig(workers=8)
+        assert fit_workers(explicit, available=3 * WORKER_BYTES) is explicit
+    warned = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("8 workers:") and "use --workers 2 or fewer" in m for m in warned), warned
+    if cores > 1:
+        assert any(m.startswith("using 1 worker rather than one per usable core") for m in warned), warned
+
+
+def _own_memory_group() -> tuple[Path, str] | None:
+    """This process's memory cgroup and the name of its limit file (v1 or v2), if one can be written."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "memory":
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/"), "memory.limit_in_bytes"
+        if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            group = Path("/sys/fs/cgroup") / path.lstrip("/")
+            if "memory" in (group / "cgroup.subtree_control").read_text().split():
+                return group, "memory.max"
+    return None
+
+
+def test_an_ingest_in_a_small_cgroup_takes_the_workers_that_fit_and_finishes(tmp_path):
+    """Two workers in a 400 MB cgroup hang in reclaim (measured: docs/benchmarks.md); the default is one."""
+    if usable_cores() < 2:
+        pytest.skip("one usable core: the default is one worker whatever the memory")
+    own = _own_memory_group()
+    child = None if own is None else own[0] / f"medload-test-{os.getpid()}"
+    try:
+        if child is None:
+            raise PermissionError("no memory cgroup controller delegated to this process")
+        child.mkdir()
+        (child / own[1]).write_text(f"{400 * MB}\n")
+    except OSError as e:
+        pytest.skip(f"needs a memory cgroup this user may create and limit (root, or a delegated v2 group): {e}")
+    try:
+        for n in range(2):
+            make_series(tmp_path / "src" / str(n), SeriesSpec(n_slices=16, rows=256, cols=256), seed=n)
+        procs = child / "cgroup.procs"
+        out = subprocess.run([sys.executable, "-m", "medload.cli", "ingest", str(tmp_path / "src"),
+                              str(tmp_path / "store"), "--no-progress"], capture_output=True, text=True,
+                             preexec_fn=lambda: procs.write_text(f"{os.getpid()}\n"), timeout=600)
+    finally:
+        child.rmdir()
+    assert out.returncode == 0, out.stderr
+    assert "using 1 worker rather than one per usable core" in " ".join((out.stdout + out.stderr).split())
+    assert len(list(open_store(tmp_path / "store").series())) == 2

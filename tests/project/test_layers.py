@@ -12,7 +12,7 @@ PACKAGE = REPO / "medload"
 #: Bottom to top. A part may import its own layer's parts and those of the layers below, never above.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "version", "config", "deid", "owner_only", "windows", "devices", "extras", "progress",
-               "allocator", "models", "synthetic"}),
+               "allocator", "cgroup_limits", "models", "synthetic"}),
     frozenset({"storage", "cache", "lineage"}),  # cache: the deprecated alias of storage.cache
     frozenset({"labels", "export", "viz"}),
     frozenset({"ingest", "data"}),
