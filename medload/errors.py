@@ -23,6 +23,7 @@ __all__ = [
     "StorePermissionError",
     "InputProblem",
     "RemoteSourceError",
+    "WorkerDiedError",
 ]
 
 
@@ -130,3 +131,9 @@ class InputProblem(MedloadError):
 class RemoteSourceError(MedloadError):
     """A remote source (a DICOMweb server) cannot be used at all: unreachable, untrusted certificate,
     credentials refused, or a failed search. One instance it cannot deliver is an :class:`InputProblem`."""
+
+
+class WorkerDiedError(MedloadError):
+    """A process of medload's own (an ingest's task process) died in the middle of its work: killed by a
+    signal (the kernel's out-of-memory killer sends SIGKILL) or exited. Its work and that of the processes
+    that went down with it is reported failed, nothing of it stored; what was stored before stays."""

@@ -52,7 +52,7 @@ from medload.errors import MedloadError
 if TYPE_CHECKING:
     from multiprocessing.context import ForkContext, SpawnContext
 
-__all__ = ["IsolatedPool", "Job", "Lost", "die_with_parent", "mark"]
+__all__ = ["IsolatedPool", "Job", "Lost", "death_reason", "die_with_parent", "mark"]
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ class _Worker:
         self.since = time.monotonic()
 
 
-def _death_reason(exitcode: int | None) -> str:
+def death_reason(exitcode: int | None, process: str = "decoder process") -> str:
     """Why a worker process ended, from its exit code (negative: the signal that killed it)."""
     if exitcode is not None and exitcode < 0:
         number = -exitcode
@@ -203,8 +203,8 @@ def _death_reason(exitcode: int | None) -> str:
         except ValueError:
             name = "unknown signal"
         hint = "; the system's out-of-memory killer sends it" if number == signal.SIGKILL else ""
-        return f"decoder process killed by signal {number} ({name}{hint})"
-    return f"decoder process exited with status {exitcode}"
+        return f"{process} killed by signal {number} ({name}{hint})"
+    return f"{process} exited with status {exitcode}"
 
 
 class IsolatedPool:
@@ -372,7 +372,7 @@ class IsolatedPool:
         """``w`` is dead (or killed): settle its tasks and start another worker in its place."""
         self._drain(w)
         w.process.join()
-        reason = reason or _death_reason(w.process.exitcode)
+        reason = reason or death_reason(w.process.exitcode)
         w.tasks.close()
         w.results.close()
         value = w.marker.value

@@ -25,19 +25,22 @@ import multiprocessing as mp
 import os
 import secrets
 import shutil
+import signal
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 
 import lmdb
 
-from medload.config import IngestConfig
+from medload.config import IngestConfig, format_size
 from medload.deid import Pseudonymizer
-from medload.errors import DiskFullError, StoreError
+from medload.errors import DiskFullError, StoreError, WorkerDiedError
 from medload.ingest.discover import SourceRef
 from medload.ingest.headers import SliceHeader
-from medload.ingest.isolation import IsolatedPool, die_with_parent
+from medload.ingest.isolation import IsolatedPool, death_reason, die_with_parent
 from medload.ingest.label_writer import LabelAssigner
 from medload.ingest.labels import LabelInput
+from medload.ingest.memory_need import WORKER_BYTES
 from medload.ingest.report import IngestReport
 from medload.ingest.ring import remove_dead_rings, short_of_shared_memory
 from medload.ingest.shard_tasks import BatchResult, keep_across_tasks, write_in_tasks
@@ -81,11 +84,23 @@ class _ProcessRunner:
         return as_completed(futures)
 
     def result(self, future: Future[BatchResult]) -> BatchResult:
-        return future.result()
+        try:
+            return future.result()
+        except BrokenProcessPool as exc:  # a task process died, and every task running or queued with it
+            raise WorkerDiedError(self._why_broken()) from exc
+
+    def _why_broken(self) -> str:
+        """What killed the pool: the exit of a task process other than those it then terminated itself."""
+        ended = [p.exitcode for p in list((self.executor._processes or {}).values())]  # no public way before 3.14
+        causes = sorted({c for c in ended if c is not None and c != -signal.SIGTERM}) or [None]
+        died = death_reason(causes[0], "a task process") if causes[0] is not None else "a task process ended"
+        return (f"{died}, and the tasks running or queued beside it failed with it. If memory ran out (each worker "
+                f"holds about {format_size(WORKER_BYTES)}; {len(ended)} were running), run again with fewer --workers")
 
     def cancel(self, futures: list[Future[BatchResult]]) -> None:
-        for future in futures:
-            future.cancel()
+        """Nothing: :meth:`close` ends what still runs. Cancelling a queued task here raced with the pool's
+        own handling of a task process that died (Python 3.11 then failed to set the cancelled task's error,
+        its manager thread died, and the interpreter hung at exit on the pool's queue: CPython gh-107219)."""
 
     def close(self, stopping: bool) -> None:
         """Wait for the running tasks; ``stopping`` (a signal, an error): end them at once instead, and remove

@@ -275,3 +275,61 @@ def test_an_ingest_that_stops_its_task_processes_removes_their_rings(tmp_path):
     assert os.path.exists(ring)
     runner.close(stopping=True)
     assert not os.path.exists(ring)
+
+
+_DYING_TASK_PROCESS = '''
+import os, signal, sys, time
+from pathlib import Path
+
+from medload.ingest import local_engine
+
+
+def die_on(trigger, note):
+    Path(note).write_text("started")
+    while not Path(trigger).exists():
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer ends a process
+
+
+def size(payload):
+    return len(payload)
+
+
+if __name__ == "__main__":
+    trigger, note = sys.argv[1], sys.argv[2]
+    runner = local_engine._ProcessRunner(1)
+    first = runner.submit("t0", die_on, trigger, note)
+    while not Path(note).exists():
+        time.sleep(0.01)
+    rest = [runner.submit(f"t{i}", size, b"x" * (1 << 20)) for i in range(1, 5)]  # more than the task pipe holds
+    while not (rest[0].running() and rest[1].running()):  # two in the pool's queue, two still waiting
+        time.sleep(0.01)
+    runner.cancel([first, *rest])  # as write_in_tasks does when an error stops the ingest
+    Path(trigger).touch()
+    for future in [first, *rest]:
+        try:
+            runner.result(future)
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+    runner.close(stopping=True)
+    print("closed")
+'''
+
+
+def test_a_task_process_killed_mid_task_fails_its_tasks_with_the_reason_and_the_ingest_exits(tmp_path):
+    """A task process killed (SIGKILL, the out-of-memory killer's signal) while the ingest had tasks queued:
+    every task fails with an error naming the signal, and the process exits. Cancelling the queued tasks
+    raced with the pool's own handling of the death, and the interpreter then hung at exit for ever (seen
+    in a 350 MB cgroup with 2 workers)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "dying.py"
+    script.write_text(_DYING_TASK_PROCESS)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "trigger"), str(tmp_path / "note")],
+                         capture_output=True, text=True, timeout=300)  # a hang, not a slow machine, reaches it
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "closed" and len(lines) == 6, out.stdout
+    assert all(line.startswith("WorkerDiedError a task process killed by signal 9 (SIGKILL") for line in lines[:5])
+    assert "run again with fewer --workers" in lines[0] and "InvalidStateError" not in out.stderr
