@@ -88,9 +88,14 @@ def test_an_ingest_in_a_small_cgroup_takes_the_workers_that_fit_and_finishes(tmp
         for n in range(2):
             make_series(tmp_path / "src" / str(n), SeriesSpec(n_slices=16, rows=256, cols=256), seed=n)
         procs = child / "cgroup.procs"
-        out = subprocess.run([sys.executable, "-m", "medload.cli", "ingest", str(tmp_path / "src"),
-                              str(tmp_path / "store"), "--no-progress"], capture_output=True, text=True,
-                             preexec_fn=lambda: procs.write_text(f"{os.getpid()}\n"), timeout=600)
+        try:
+            out = subprocess.run([sys.executable, "-m", "medload.cli", "ingest", str(tmp_path / "src"),
+                                  str(tmp_path / "store"), "--no-progress"], capture_output=True, text=True,
+                                 preexec_fn=lambda: procs.write_text(f"{os.getpid()}\n"), timeout=600)
+        except subprocess.SubprocessError as e:  # the move into the group refused (the preexec_fn failed)
+            if isinstance(e, subprocess.TimeoutExpired):
+                raise
+            pytest.skip(f"needs a memory cgroup this user may move a process into: {e}")
     finally:
         child.rmdir()
     assert out.returncode == 0, out.stderr
