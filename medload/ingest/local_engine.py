@@ -76,6 +76,7 @@ class _ProcessRunner:
     def __init__(self, workers: int) -> None:
         self.executor = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_task_process_start)
         self.executor.submit(os.getpid)  # forks every worker now (with "fork", all at the first task), not waited for
+        self._broken: str | None = None  # why the pool broke, once a task process died
 
     def submit(self, key: str, fn: Callable[..., BatchResult], *args: object) -> Future[BatchResult]:
         return self.executor.submit(fn, *args)
@@ -91,11 +92,22 @@ class _ProcessRunner:
 
     def _why_broken(self) -> str:
         """What killed the pool: the exit of a task process other than those it then terminated itself."""
-        ended = [p.exitcode for p in list((self.executor._processes or {}).values())]  # no public way before 3.14
-        causes = sorted({c for c in ended if c is not None and c != -signal.SIGTERM}) or [None]
-        died = death_reason(causes[0], "a task process") if causes[0] is not None else "a task process ended"
+        if self._broken is None:
+            # the pool's manager thread reaps every process before it ends: reading an exit code while it does
+            # could lose the race for the process's status (no public way to either before Python 3.14)
+            manager = getattr(self.executor, "_executor_manager_thread", None)  # typeshed has the type wrong
+            if manager is not None:
+                manager.join(timeout=60)
+            self._broken = self._death(p.exitcode for p in list((self.executor._processes or {}).values()))
+        return self._broken
+
+    @staticmethod
+    def _death(exitcodes: Iterable[int | None]) -> str:
+        ended = list(exitcodes)
+        causes = sorted({c for c in ended if c is not None and c != -signal.SIGTERM})
+        died = death_reason(causes[0], "a task process") if causes else "a task process ended"
         return (f"{died}, and the tasks running or queued beside it failed with it. If memory ran out (each worker "
-                f"holds about {format_size(WORKER_BYTES)}; {len(ended)} were running), run again with fewer --workers")
+                f"holds about {format_size(WORKER_BYTES)}, and this pool had {len(ended)}), run again with fewer --workers")
 
     def cancel(self, futures: list[Future[BatchResult]]) -> None:
         """Nothing: :meth:`close` ends what still runs. Cancelling a queued task here raced with the pool's

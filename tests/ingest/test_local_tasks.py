@@ -331,5 +331,5 @@ def test_a_task_process_killed_mid_task_fails_its_tasks_with_the_reason_and_the_
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[-1] == "closed" and len(lines) == 6, out.stdout
-    assert all(line.startswith("WorkerDiedError a task process killed by signal 9 (SIGKILL") for line in lines[:5])
+    assert all(line.startswith("WorkerDiedError a task process killed by signal 9 (SIGKILL") for line in lines[:5]), lines
     assert "run again with fewer --workers" in lines[0] and "InvalidStateError" not in out.stderr
