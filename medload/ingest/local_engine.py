@@ -172,19 +172,25 @@ class LocalEngine:
             stopping = False
         finally:
             runner.close(stopping)
-            _publish_left(writer, run, labels)
+            left = _publish_left(writer, run, labels)
+        report.published_after_all({k.hex() for k in left}, "its task failed after committing it: published from "
+                                    "the task's shard")
 
 
-def _publish_left(writer: StoreWriter, run: str, labels: LabelAssigner | None) -> None:
-    """Publish the series that stopped tasks of run ``run`` committed; remove their empty shards."""
+def _publish_left(writer: StoreWriter, run: str, labels: LabelAssigner | None) -> set[bytes]:
+    """Publish the series that stopped tasks of run ``run`` committed; remove their empty shards. The keys of
+    the series published."""
+    published: set[bytes] = set()
     for path in sorted((writer.root / "staging").glob(f"task-{run}-*.lmdb")):
         try:
             with disk_full_is_error(writer.root, "publish", f"publishing {path.name}"):
                 if committed_series(path):
                     stored = writer.adopt(path)
+                    published.update(stored)
                     if labels is not None:
                         labels.stored.update(stored)
                 else:
                     shutil.rmtree(path, ignore_errors=True)
         except (DiskFullError, StoreError, OSError, lmdb.Error) as exc:  # the next ingest into the store publishes it
             log.warning("%s is left in staging for the next ingest to publish: %s", path.name, exc)
+    return published

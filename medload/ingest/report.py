@@ -19,7 +19,8 @@ class SeriesOutcome:
     ``present`` (already in the store), ``skipped`` (not a volume), ``rejected`` (a policy or a broken
     file refused it), ``conflict`` (its key is stored from different source instances; left unchanged)
     ``not_found`` (forced, but none of its files is among the sources; left unchanged), ``failed``
-    (the Dask task writing it failed: nothing of it was stored, running the ingest again retries it) or
+    (the task writing it failed before committing it: nothing of it was stored, running the ingest again
+    retries it) or
     ``unavailable`` (stored in a shard that cannot be read: ``medload repair`` ingests it again)."""
 
     key: str
@@ -68,6 +69,14 @@ class IngestReport:
     def counts(self) -> dict[str, int]:
         c = Counter(s.status for s in self.series)
         return {status: c.get(status, 0) for status in STATUSES}
+
+    def published_after_all(self, keys: builtins.set[str], why: str) -> None:
+        """The ``failed`` series among ``keys`` (hex) were stored after all -- a task that failed had committed
+        them, and its shard was published -- and become ``ingested``, with ``why`` as their reason."""
+        for i, outcome in enumerate(self.series):
+            if outcome.status == "failed" and outcome.key in keys:
+                self.series[i] = replace(outcome, status="ingested", reason=why)
+                self.slices_written += outcome.shape[0] if outcome.shape else outcome.planes
 
     def quarantined(self, status: str) -> list[RejectRecord]:
         """This run's quarantine records with ``status`` ``rejected``, ``skipped`` or ``ignored`` (not DICOM)."""

@@ -333,3 +333,49 @@ def test_a_task_process_killed_mid_task_fails_its_tasks_with_the_reason_and_the_
     assert lines[-1] == "closed" and len(lines) == 6, out.stdout
     assert all(line.startswith("WorkerDiedError a task process killed by signal 9 (SIGKILL") for line in lines[:5]), lines
     assert "run again with fewer --workers" in lines[0] and "InvalidStateError" not in out.stderr
+
+
+def test_series_a_killed_task_committed_are_stored_reported_ingested_and_a_rerun_stores_the_rest(tmp_path,
+                                                                                                   monkeypatch):
+    """The first task to close its shard dies there (SIGKILL, as the out-of-memory killer ends a process): its
+    series are committed and published from its shard, so the report calls them ingested, not failed; the
+    store holds exactly the series the report says it ingested; the same ingest again stores the rest."""
+    import os
+    import signal
+
+    from medload.ingest import shard_tasks
+    from medload.storage.task_shard import TaskShardWriter
+
+    marker = tmp_path / "died"
+
+    class DyingAfterItsShard(TaskShardWriter):
+        def close(self) -> bool:
+            held = super().close()
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return held
+            os.kill(os.getpid(), signal.SIGKILL)
+            return held
+
+    monkeypatch.setattr(local_engine, "_MIN_TASK_BYTES", 0)  # one task per series
+    monkeypatch.setattr(shard_tasks, "TaskShardWriter", DyingAfterItsShard)  # the task processes fork with it
+    src = tmp_path / "src"
+    make_study(src, [SeriesSpec(n_slices=4, rows=32, cols=32) for _ in range(6)], seed=9)
+    key = create_key(tmp_path / "k.key")
+    report = ingest(src, tmp_path / "s", config=IngestConfig(workers=2), key_file=key)
+    assert marker.exists()
+    statuses = {s.key: s.status for s in report.series}
+    assert set(statuses.values()) <= {"ingested", "failed"} and "failed" in statuses.values(), statuses
+    stored = {r.key_bytes.hex() for r in open_store(tmp_path / "s").series()}
+    assert stored == {k for k, status in statuses.items() if status == "ingested"}  # the report does not lie
+    recovered = [s for s in report.series if s.reason and "failed after committing it" in s.reason]
+    assert recovered and all(s.status == "ingested" for s in recovered)  # the killed task's own series
+    assert report.slices_written == 4 * len(stored)
+    failed = [s for s in report.series if s.status == "failed"]
+    assert all("killed by signal 9 (SIGKILL" in s.reason for s in failed), failed[0].reason
+    assert not list((tmp_path / "s" / "staging").iterdir())
+    monkeypatch.undo()
+    again = ingest(src, tmp_path / "s", config=IngestConfig(workers=2), key_file=key)
+    assert again.counts["present"] == len(stored) and again.counts["ingested"] == 6 - len(stored)
+    assert verify_store(tmp_path / "s").ok and len(list(open_store(tmp_path / "s").series())) == 6
