@@ -76,17 +76,14 @@ def _left_in(group: Path) -> int | None:
     limit, usage = _read(group / "memory.max"), _read(group / "memory.current")
     stat = _stat(group / "memory.stat")
     if limit is not None:  # v2: "file" counts tmpfs and shared memory too
-        if limit == "max" or usage is None:
-            return None
         cache, shmem = stat.get("file", 0), stat.get("shmem", 0)
     else:
         limit, usage = _read(group / "memory.limit_in_bytes"), _read(group / "memory.usage_in_bytes")
-        if limit is None or usage is None or int(limit) >= _V1_UNLIMITED:
-            return None
         # v1: shared memory counted in the cache too; the total_ figures include the groups below
         cache, shmem = stat.get("total_cache", stat.get("cache", 0)), stat.get("total_shmem", stat.get("shmem", 0))
-    reclaimable = max(0, cache - shmem)
-    return int(limit) - int(usage) + reclaimable
+    if limit is None or usage is None or not limit.isdigit() or not usage.isdigit() or int(limit) >= _V1_UNLIMITED:
+        return None  # no limit ("max" in v2, PAGE_COUNTER_MAX in v1), or nothing readable
+    return int(limit) - int(usage) + max(0, cache - shmem)
 
 
 def cgroup_memory_left(proc: Path = _PROC, root: Path = _ROOT) -> int | None:

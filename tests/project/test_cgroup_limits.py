@@ -70,6 +70,8 @@ def test_no_limit_anywhere_and_nothing_to_read(tmp_path):
     assert cgroup_memory_left(proc, root) is None and cpu_quota(proc, root) is None
     assert available_memory(proc, root) == 20_000_000 * 1024  # the system's figure alone
     assert usable_cores(proc, root) == len(os.sched_getaffinity(0))
+    (root / "memory.max").write_text("garbage\n")  # unreadable figures are no limit, not an error
+    assert cgroup_memory_left(proc, root) is None
     nowhere = tmp_path / "nowhere"
     assert available_memory(nowhere, nowhere) is None and cgroup_memory_left(nowhere, nowhere) is None
 
