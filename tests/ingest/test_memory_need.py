@@ -74,7 +74,7 @@ def _own_memory_group() -> tuple[Path, str] | None:
 def test_an_ingest_in_a_small_cgroup_takes_the_workers_that_fit_and_finishes(tmp_path):
     """Two workers in a 400 MB cgroup hang in reclaim (measured: docs/benchmarks.md); the default is one."""
     if usable_cores() < 2:
-        pytest.skip("one usable core: the default is one worker whatever the memory")
+        pytest.skip(reason="one usable core: the default is one worker whatever the memory")
     own = _own_memory_group()
     child = None if own is None else own[0] / f"medload-test-{os.getpid()}"
     try:
@@ -83,7 +83,7 @@ def test_an_ingest_in_a_small_cgroup_takes_the_workers_that_fit_and_finishes(tmp
         child.mkdir()
         (child / own[1]).write_text(f"{400 * MB}\n")
     except OSError as e:
-        pytest.skip(f"needs a memory cgroup this user may create and limit (root, or a delegated v2 group): {e}")
+        pytest.skip(reason=f"needs a memory cgroup this user may create and limit (root, or a delegated v2 group): {e}")
     try:
         for n in range(2):
             make_series(tmp_path / "src" / str(n), SeriesSpec(n_slices=16, rows=256, cols=256), seed=n)
@@ -95,7 +95,7 @@ def test_an_ingest_in_a_small_cgroup_takes_the_workers_that_fit_and_finishes(tmp
         except subprocess.SubprocessError as e:  # the move into the group refused (the preexec_fn failed)
             if isinstance(e, subprocess.TimeoutExpired):
                 raise
-            pytest.skip(f"needs a memory cgroup this user may move a process into: {e}")
+            pytest.skip(reason=f"needs a memory cgroup this user may move a process into: {e}")
     finally:
         child.rmdir()
     assert out.returncode == 0, out.stderr
