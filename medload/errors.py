@@ -135,5 +135,6 @@ class RemoteSourceError(MedloadError):
 
 class WorkerDiedError(MedloadError):
     """A process of medload's own (an ingest's task process) died in the middle of its work: killed by a
-    signal (the kernel's out-of-memory killer sends SIGKILL) or exited. Its work and that of the processes
-    that went down with it is reported failed, nothing of it stored; what was stored before stays."""
+    signal (the kernel's out-of-memory killer sends SIGKILL) or exited. The series its tasks and those that
+    went down with it had committed are published; the others are reported failed, nothing of them stored,
+    and running the ingest again stores them. What was stored before stays."""
