@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The ingest scaling curve of issue 32 on a many-core machine, at two sizes, in one go (estimated at 8-10 minutes
-# on 16 cores, not yet measured): medload at 1, 2, 4, ... workers up to every core next to pydicom read+decode in as many processes.
+# The ingest scaling curve of issue 32 on a many-core machine, at two sizes, in one go (estimated at 9-11 minutes
+# on 16 cores with the page-cost check's ~40 s, not yet measured): medload at 1, 2, 4, ... workers up to every core next to pydicom read+decode in as many processes.
 #   1. the issue's own size, every contender of the ingest section: 2,048 files of 512 x 512 (1 GB);
 #   2. an archive-sized point, the curve's rows only: 16,384 files (8 GB), where each of 16 workers has
 #      about 1,000 files rather than 128, so a worker's start-up (docs/benchmarks.md) no longer dominates.

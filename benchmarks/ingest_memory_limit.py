@@ -24,27 +24,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from medload.cgroup_limits import memory_group
 from medload.config import parse_size
 
 
-def _own_group() -> tuple[Path, bool]:
-    """This process's memory cgroup folder and whether it is v2."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if controllers == "memory":
-            return Path("/sys/fs/cgroup/memory") / path.lstrip("/"), False
-        if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
-            return Path("/sys/fs/cgroup") / path.lstrip("/"), True
-    raise SystemExit("no memory cgroup found in /proc/self/cgroup")
-
-
 def _run(data: Path, limit: int, workers: str, timeout: float) -> str:
-    parent, v2 = _own_group()
-    group = parent / f"medload-bench-{os.getpid()}"
+    own = memory_group()
+    if own is None:
+        raise SystemExit("no memory cgroup is mounted (/proc/self/cgroup, /sys/fs/cgroup)")
+    group = own[0] / f"medload-bench-{os.getpid()}"
     group.mkdir()
     try:
         if limit:
-            (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(f"{limit}\n")
+            (group / own[1]).write_text(f"{limit}\n")
         with tempfile.TemporaryDirectory(prefix="medload-memlimit-", dir=data.parent) as tmp:
             os.sync()
             Path("/proc/sys/vm/drop_caches").write_text("3\n")
@@ -61,7 +53,7 @@ def _run(data: Path, limit: int, workers: str, timeout: float) -> str:
                 for pid in (group / "cgroup.procs").read_text().split():
                     os.kill(int(pid), 9)
             seconds = time.perf_counter() - t0
-        peak_file = group / ("memory.peak" if v2 else "memory.max_usage_in_bytes")
+        peak_file = group / ("memory.max_usage_in_bytes" if own[1] == "memory.limit_in_bytes" else "memory.peak")
         peak = f"{int(peak_file.read_text()) >> 20} MB" if peak_file.exists() else "n/a"
     finally:
         for _ in range(50):  # the killed processes leave the group a moment later

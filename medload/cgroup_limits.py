@@ -19,7 +19,7 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["affinity_cores", "available_memory", "cgroup_memory_left", "cpu_quota", "usable_cores"]
+__all__ = ["affinity_cores", "available_memory", "cgroup_memory_left", "cpu_quota", "memory_group", "usable_cores"]
 
 #: a v1 limit at or above this is "no limit" (the kernel writes PAGE_COUNTER_MAX pages, about 2**63 bytes)
 _V1_UNLIMITED = 1 << 62
@@ -84,6 +84,16 @@ def _left_in(group: Path) -> int | None:
     if limit is None or usage is None or not limit.isdigit() or not usage.isdigit() or int(limit) >= _V1_UNLIMITED:
         return None  # no limit ("max" in v2, PAGE_COUNTER_MAX in v1), or nothing readable
     return int(limit) - int(usage) + max(0, cache - shmem)
+
+
+def memory_group(proc: Path = _PROC, root: Path = _ROOT) -> tuple[Path, str] | None:
+    """This process's own memory cgroup folder and the name of the limit file its children have
+    (``memory.limit_in_bytes`` in v1, ``memory.max`` in v2), None where no memory cgroup is mounted: what a
+    benchmark or test needs to run a command under a limit of its own."""
+    group = _groups("memory", proc, root)[0]
+    if not (group / "cgroup.procs").exists():
+        return None
+    return group, "memory.limit_in_bytes" if (group / "memory.limit_in_bytes").exists() else "memory.max"
 
 
 def cgroup_memory_left(proc: Path = _PROC, root: Path = _ROOT) -> int | None:

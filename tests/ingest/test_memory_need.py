@@ -7,12 +7,11 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import medload.ingest.memory_need as memory_need
-from medload.cgroup_limits import usable_cores
+from medload.cgroup_limits import memory_group, usable_cores
 from medload.config import IngestConfig
 from medload.ingest.memory_need import BYTES_PER_FILE, WORKER_BYTES, fit_workers, short_of_memory
 from medload.storage.store import open_store
@@ -58,24 +57,11 @@ def test_the_default_workers_are_as_many_as_fit_and_an_explicit_count_is_kept_wi
         assert any(m.startswith("using 1 worker rather than one per usable core") for m in warned), warned
 
 
-def _own_memory_group() -> tuple[Path, str] | None:
-    """This process's memory cgroup and the name of its limit file (v1 or v2), if one can be written."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if controllers == "memory":
-            return Path("/sys/fs/cgroup/memory") / path.lstrip("/"), "memory.limit_in_bytes"
-        if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
-            group = Path("/sys/fs/cgroup") / path.lstrip("/")
-            if "memory" in (group / "cgroup.subtree_control").read_text().split():
-                return group, "memory.max"
-    return None
-
-
 def test_an_ingest_in_a_small_cgroup_takes_the_workers_that_fit_and_finishes(tmp_path):
     """Two workers in a 400 MB cgroup hang in reclaim (measured: docs/benchmarks.md); the default is one."""
     if usable_cores() < 2:
         pytest.skip(reason="one usable core: the default is one worker whatever the memory")
-    own = _own_memory_group()
+    own = memory_group()
     child = None if own is None else own[0] / f"medload-test-{os.getpid()}"
     try:
         if child is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from medload.cgroup_limits import available_memory, cgroup_memory_left, cpu_quota, usable_cores
+from medload.cgroup_limits import available_memory, cgroup_memory_left, cpu_quota, memory_group, usable_cores
 
 GB = 1 << 30
 
@@ -42,6 +42,9 @@ def test_v2_a_pods_limit_binds_the_container_below_it_and_dropable_cache_counts_
     assert cgroup_memory_left(proc, root) == 2.5 * GB
     (ctr / "cpu.max").write_text("50000 100000\n")
     assert cpu_quota(proc, root) == 0.5 and usable_cores(proc, root) == 1
+    assert memory_group(proc, root) is None  # the container's folder is no cgroup of its own here (no cgroup.procs)
+    (ctr / "cgroup.procs").write_text("")
+    assert memory_group(proc, root) == (ctr, "memory.max")
 
 
 def test_v1_limits_of_a_docker_container_and_the_unlimited_root(tmp_path):
@@ -55,6 +58,8 @@ def test_v1_limits_of_a_docker_container_and_the_unlimited_root(tmp_path):
     _files(root / "cpu,cpuacct/docker/abc", cpu__cfs_quota_us="400000", cpu__cfs_period_us="100000")
     assert cgroup_memory_left(proc, root) == 2 * GB - (GB + GB // 2) + (GB - GB // 5)
     assert cpu_quota(proc, root) == 4.0
+    (root / "memory/docker/abc/cgroup.procs").write_text("")
+    assert memory_group(proc, root) == (root / "memory/docker/abc", "memory.limit_in_bytes")
 
 
 def test_a_container_that_shows_only_its_own_group_at_the_root(tmp_path):
@@ -74,6 +79,7 @@ def test_no_limit_anywhere_and_nothing_to_read(tmp_path):
     assert cgroup_memory_left(proc, root) is None
     nowhere = tmp_path / "nowhere"
     assert available_memory(nowhere, nowhere) is None and cgroup_memory_left(nowhere, nowhere) is None
+    assert memory_group(nowhere, nowhere) is None  # no cgroup file system mounted
 
 
 def test_this_machine_reports_its_free_memory_and_cores():
