@@ -10,9 +10,13 @@ faults after the first pass over the ring.
 
 A slot belongs to one chunk in flight: the writer acquires it when it submits the chunk and releases
 it once LMDB has copied the chunk's values into its transaction. Space is reserved with
-``posix_fallocate`` so a small ``/dev/shm`` (as in many containers) fails at creation -- and the run
-falls back to the pipe -- instead of killing a worker with SIGBUS later. A ring's name carries its
-writer's pid: a ring left behind by a killed ingest is removed by the next one.
+``posix_fallocate`` so a full file system fails at creation instead of killing a worker with SIGBUS later.
+A ``/dev/shm`` too small for the ring (a container's is 64 MB unless told otherwise) puts it in a file of
+the temporary directory (``$TMPDIR``, usually a disk) instead: the same mapping, its pages in the page cache,
+written back now and then. Measured on 2,048 files at 2 workers (docs/benchmarks.md): 0-4% more CPU than
+in shared memory once the file's pages are cached, where sending the values through the pipe -- the last
+resort, when neither place has room -- costs 16-20%. A ring's name carries its writer's pid: a ring left
+behind by a killed ingest is removed by the next one, in either place.
 """
 
 from __future__ import annotations
@@ -48,8 +52,8 @@ class RingSlot:
 class SliceRing:
     """The writer's side: owns the ring file, hands out slots, and reads values back."""
 
-    def __init__(self, slots: int, slot_bytes: int) -> None:
-        directory = _directory()
+    def __init__(self, slots: int, slot_bytes: int, directory: str | None = None) -> None:
+        directory = directory or _directory()
         remove_dead_rings(directory)
         fd, self.path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=directory)
         try:
@@ -65,13 +69,15 @@ class SliceRing:
 
     @classmethod
     def create(cls, slots: int, slot_bytes: int) -> SliceRing | None:
-        """A ring, or None (values then travel through the pipe) when shared memory is too small."""
-        try:
-            return cls(slots, slot_bytes)
-        except OSError as exc:
-            log.info("no %d MB shared-memory ring (%s); encoded slices go through the pipe",
-                     slots * slot_bytes >> 20, exc)
-            return None
+        """A ring in shared memory, else in the temporary directory; None (values then travel through the
+        pipe) when neither has room for it."""
+        for directory in _directories():
+            try:
+                return cls(slots, slot_bytes, directory)
+            except OSError as exc:
+                log.info("no %d MB ring in %s (%s)", slots * slot_bytes >> 20, directory, exc)
+        log.info("encoded slices go through the pipe")
+        return None
 
     def free_all(self) -> None:
         self._free = list(range(self.slots - 1, -1, -1))
@@ -126,38 +132,57 @@ class RingSupply:
 
 
 def short_of_shared_memory(writers: int) -> str | None:
-    """A warning for an ingest whose ``writers`` rings will not all fit in the free shared memory (a
-    container's ``/dev/shm`` is 64 MB by default), or None."""
-    directory = _directory()
+    """A note for an ingest whose ``writers`` rings will not all fit in the free shared memory (a
+    container's ``/dev/shm`` is 64 MB by default), or None: where the others go, and how to give it more."""
+    shm, *spill = _directories()
+    free = _free_bytes(shm)
+    if free is None or free >= writers * RING_BYTES:
+        return None
+    left = writers - free // RING_BYTES
+    where = "send decoded slices through pipes, which costs about a sixth more CPU"
+    if spill and (room := _free_bytes(spill[0])) is not None and room >= left * RING_BYTES:
+        where = f"map a file in {spill[0]} instead, which costs a few percent more CPU"
+    return (f"{shm} has {free >> 20} MB free and {writers} writing process(es) may each want up to "
+            f"{RING_BYTES >> 20} MB of it: those without room there {where}; in a container, give it more "
+            "(docker run --shm-size=2g, or a larger /dev/shm)")
+
+
+def _free_bytes(directory: str) -> int | None:
     try:
         info = os.statvfs(directory)
     except OSError:
         return None
-    free = info.f_bavail * info.f_frsize
-    if free >= writers * RING_BYTES:
-        return None
-    return (f"{directory} has {free >> 20} MB free and {writers} writing process(es) may each want up to "
-            f"{RING_BYTES >> 20} MB of it: those without a ring send decoded slices through pipes, which costs "
-            "CPU; in a container, give it more (docker run --shm-size=2g, or a larger /dev/shm)")
+    return info.f_bavail * info.f_frsize
 
 
 def _directory() -> str:
+    """Where rings go first: shared memory."""
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def _directories() -> list[str]:
+    """Where a ring may go, in order: shared memory, then the temporary directory (``$TMPDIR``)."""
+    first, spill = _directory(), tempfile.gettempdir()
+    return [first] if os.path.realpath(spill) == os.path.realpath(first) else [first, spill]
 
 
 def remove_dead_rings(directory: str | None = None) -> None:
     """Delete rings whose writer process is gone (killed before it could unlink its ring): each holds up to
-    about 100 MB of shared memory until then. Run when a ring is created, and by an ingest that stopped its
-    task processes (Ctrl-C, an error)."""
-    directory = directory or _directory()
-    for name in os.listdir(directory):
-        if not name.startswith(_PREFIX):
+    about 100 MB of shared memory or disk until then. Run when a ring is created (in ``directory``), and by
+    an ingest that stopped its task processes (Ctrl-C, an error; in every place a ring may be)."""
+    for place in [directory] if directory else _directories():
+        try:
+            names = os.listdir(place)
+        except OSError:
             continue
-        pid = name[len(_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, name))
-                log.info("removed the ring of a dead ingest (pid %s)", pid)
+        for name in names:
+            if not name.startswith(_PREFIX):
+                continue
+            pid = name[len(_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(place, name))
+                    log.info("removed the ring of a dead ingest (pid %s)", pid)
 
 
 def _alive(pid: int) -> bool:

@@ -1,10 +1,14 @@
-"""The shared-memory ring between decoding workers and the writer, and its fallback to the pipe."""
+"""The shared-memory ring between decoding workers and the writer, its fallback to a file in the temporary
+directory, and its last resort, the pipe."""
 
 from __future__ import annotations
 
 import errno
 import glob
 import os
+import subprocess
+import sys
+import tempfile
 
 import pytest
 from conftest import store_dump
@@ -42,14 +46,72 @@ def test_values_written_by_a_worker_are_read_back_by_the_writer():
         ring.close()
 
 
-def test_no_shared_memory_means_no_ring(monkeypatch):
+def test_no_room_in_shared_memory_or_the_temporary_directory_means_no_ring(monkeypatch):
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(ring_mod.os, "posix_fallocate", full)
     assert SliceRing.create(4, 1 << 20) is None
     # this process's rings only: other medload processes on the machine may hold rings of their own
-    assert not glob.glob(f"/dev/shm/medload-ring-{os.getpid()}-*")
+    for directory in ("/dev/shm", tempfile.gettempdir()):
+        assert not glob.glob(f"{directory}/medload-ring-{os.getpid()}-*")
+
+
+@pytest.fixture
+def small_shm(tmp_path, monkeypatch):
+    """A real 16 MB tmpfs standing in for /dev/shm (a container's is 64 MB), and a temporary directory on
+    disk; unmounted after the test."""
+    shm, spill = tmp_path / "shm", tmp_path / "tmp"
+    shm.mkdir()
+    spill.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(shm)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(reason=f"cannot mount a small tmpfs filesystem here (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    monkeypatch.setattr(ring_mod, "_directory", lambda: str(shm))
+    monkeypatch.setattr(tempfile, "tempdir", str(spill))
+    yield shm, spill
+    if subprocess.run(["umount", str(shm)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(shm)], check=True)
+
+
+def test_a_ring_too_large_for_shared_memory_is_a_file_in_the_temporary_directory(small_shm):
+    shm, spill = small_shm
+    small = SliceRing.create(2, 4 << 20)  # 8 MB: fits the 16 MB of shared memory
+    large = SliceRing.create(3, 8 << 20)  # 24 MB: does not
+    try:
+        assert os.path.dirname(small.path) == str(shm) and os.path.dirname(large.path) == str(spill)
+        sink = SlotWriter(large.acquire())
+        span = sink.put(b"v" * 1000)
+        assert isinstance(span, tuple) and bytes(large.view(span)) == b"v" * 1000
+        assert len(os.listdir(shm)) == 1  # the small one: the large one's failed try left nothing there
+    finally:
+        small.close()
+        large.close()
+        SlotWriter._maps.clear()
+    assert os.listdir(shm) == [] and os.listdir(spill) == []
+
+
+def test_a_dead_ingests_ring_in_the_temporary_directory_is_removed_too(small_shm):
+    shm, spill = small_shm
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = spill / f"medload-ring-{dead.stdout.strip()}-abcd"
+    stale.write_bytes(b"x")
+    ring_mod.remove_dead_rings()
+    assert not stale.exists()
+
+
+def test_two_workers_with_rings_on_disk_equal_one_worker(run_ingest, tmp_path, monkeypatch):
+    """Rings in a file on disk (the fallback) carry the same values: the stores are equal."""
+    src = tmp_path / "src"
+    make_series(src, SeriesSpec(n_slices=40, rows=64, cols=64), seed=3)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    monkeypatch.setattr(ring_mod, "_directories", lambda: [str(spill)])
+    _, one = run_ingest(src, workers=1, windows=("lung",))
+    _, two = run_ingest(src, workers=2, windows=("lung",))
+    assert len(one.series()) == 1 and store_dump(one) == store_dump(two)
+    assert os.listdir(spill) == []  # every ring closed and removed
 
 
 @pytest.mark.parametrize("ring_available", [True, False])
@@ -145,3 +207,16 @@ def test_too_little_shared_memory_for_the_workers_rings_is_said_once_with_the_fi
     assert [r.getMessage() for r in caplog.records if "--shm-size" in r.getMessage()] == [note]
     free["bytes"] = 1 << 30
     assert ring_mod.short_of_shared_memory(2) is None
+
+
+def test_the_note_says_where_rings_without_room_in_shared_memory_go(monkeypatch, tmp_path):
+    free = {"/dev/shm": 150 << 20, str(tmp_path): 1 << 30}
+    monkeypatch.setattr(ring_mod, "_directory", lambda: "/dev/shm")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(ring_mod.os, "statvfs", lambda path: os.statvfs_result(
+        (4096, 4096, free[path] // 4096, free[path] // 4096, free[path] // 4096, 0, 0, 0, 0, 255)))
+    assert ring_mod.short_of_shared_memory(1) is None
+    note = ring_mod.short_of_shared_memory(4)  # one ring fits in shared memory, three go to the disk
+    assert note is not None and f"map a file in {tmp_path}" in note and "--shm-size" in note
+    free[str(tmp_path)] = 250 << 20  # room for two of the three
+    assert "through pipes" in ring_mod.short_of_shared_memory(4)
