@@ -20,6 +20,7 @@ from medload.data.buckets import shape_buckets
 from medload.data.device_loader import _HALF, DeviceLoader
 from medload.data.loader_types import Augment, LoaderDataset, LoaderTuning, MPContext
 from medload.data.samplers import EpochShuffle
+from medload.data.shared_tensors import shared_empty
 from medload.data.side_stream import Streams
 from medload.data.slot_ring import COPIES_IN_FLIGHT, SlotRing
 from medload.data.slots import (
@@ -93,11 +94,14 @@ def build_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one keywo
     # page-locked slots: the device copies from them run asynchronously, so more slots hold copies in flight
     pinned = (device.type == "cuda" or streams is not None) and pin_memory is not False
     slots = SlotRing(slot_count(num_workers, prefetch_factor, COPIES_IN_FLIGHT if pinned else 0))
-    buffers = torch.empty((slots.slots, dataset.max_batch_bytes(batch_size)), dtype=torch.uint8)
-    control = torch.zeros(1, dtype=torch.uint8)  # [0]: a profile is running (medload.data.profile)
-    if num_workers or pinned:  # shared with the workers; page-aligned for cudaHostRegister
-        buffers.share_memory_()
-        control.share_memory_()
+    shape = (slots.slots, dataset.max_batch_bytes(batch_size))
+    if num_workers or pinned:  # shared with the workers (not through /dev/shm where they fork); page-aligned
+        buffers = shared_empty(shape, torch.uint8, multiprocessing_context)
+        control = shared_empty((1,), torch.uint8, multiprocessing_context)
+        control.zero_()
+    else:
+        buffers, control = torch.empty(shape, dtype=torch.uint8), torch.zeros(1, dtype=torch.uint8)
+    # control[0]: a profile is running (medload.data.profile)
     window = None if window is None else win.get(window)
     bind = getattr(augment, "bind", None)
     if bind is not None:  # BatchAugment: the device and dims of these batches, and whether they are 0..1
