@@ -35,6 +35,7 @@ from medload.data.patch_geometry import source_box, voxel_to_voxel
 from medload.data.patch_reads import read_box
 from medload.data.patches import PatchDataset
 from medload.data.resample import HU_PAD, grid_matrix
+from medload.data.shared_tensors import batches_in_flight_fit
 from medload.data.slots import WorkerL1, shared_l1
 from medload.devices import checked_device
 from medload.errors import ConfigError
@@ -280,6 +281,8 @@ def build_patch_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one
     bind = getattr(after, "bind", None)
     if bind is not None:  # BatchAugment: the device and dims of these batches, and whether they are 0..1
         after = bind(device=device, spatial_dims=3, scaled=window is not None)
+    if num_workers:
+        _batches_fit(dataset, batch_size, num_workers, prefetch_factor, resampled=device.type == "cpu")
     loader = torch.utils.data.DataLoader(
         _PatchCrops(dataset, spatial, resample=device.type == "cpu"), batch_sampler=_PatchBatches(dataset, sampler, batch_size, drop_last),
         num_workers=num_workers, collate_fn=_pass_through, prefetch_factor=prefetch_factor if num_workers else None,
@@ -287,3 +290,15 @@ def build_patch_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one
         multiprocessing_context=multiprocessing_context, worker_init_fn=WorkerL1(_worker_l1(dataset, num_workers)),
         pin_memory=device.type == "cuda" if pin_memory is None else bool(pin_memory) and device.type == "cuda")
     return PatchLoader(loader, dataset, device, window, dtype, after, meta)
+
+
+def _batches_fit(dataset: PatchDataset, batch_size: int, num_workers: int, prefetch_factor: int | None,
+                 resampled: bool) -> None:
+    """The batches in flight fit in /dev/shm (:func:`~medload.data.shared_tensors.batches_in_flight_fit`):
+    resampled on the CPU, a batch is exactly its float patches and labels; for a GPU, its crops as stored
+    are estimated at a patch's voxels each (the box a patch touches at its series' own spacing)."""
+    voxels = batch_size * int(np.prod(dataset.patch))
+    label = dataset.label_dtype.itemsize if dataset.labels and dataset.label_dtype is not None else 0
+    per_batch = voxels * ((4 if resampled else 2) + label)
+    # torch keeps prefetch_factor (default 2) batches per worker in flight, and the trainer holds one
+    batches_in_flight_fit(per_batch, num_workers * (prefetch_factor or 2) + 1, exact=resampled)

@@ -12,10 +12,15 @@ every process, and no mount's size bounds it (it counts against the machine's or
 ``/dev/shm`` does). Workers started by ``spawn`` or ``forkserver`` receive the tensor pickled, which takes
 torch's ``/dev/shm`` file: for them the free space is checked first, and a shortage is a
 :class:`~medload.errors.ConfigError` that gives the figures and what to change.
+
+The patch loader's workers hand over each batch as new tensors, which torch puts in ``/dev/shm`` files
+whatever the start method; there :func:`batches_in_flight_fit` checks the batches in flight before the
+loader is made. A worker that cannot send a batch does not fail the loader: torch waits for it for ever.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import multiprocessing
 import os
@@ -26,7 +31,9 @@ import torch
 from medload.config import format_size
 from medload.errors import ConfigError
 
-__all__ = ["shared_empty", "start_method"]
+__all__ = ["batches_in_flight_fit", "shared_empty", "start_method"]
+
+log = logging.getLogger(__name__)
 
 _SHM = "/dev/shm"
 
@@ -54,13 +61,36 @@ def shared_empty(shape: tuple[int, ...], dtype: torch.dtype,
     return torch.empty(shape, dtype=dtype).share_memory_()
 
 
-def _check_room(nbytes: int, method: str) -> None:
+def batches_in_flight_fit(batch_bytes: int, batches: int, *, exact: bool) -> None:
+    """Check that ``batches`` batches of ``batch_bytes`` that workers hand over as tensors (torch puts each
+    in a new ``/dev/shm`` file: the patch loader's) fit in ``/dev/shm``. Where they do not, a worker fails
+    to send one and torch's DataLoader waits for it for ever: a ConfigError with the figures and the fixes
+    where the size is ``exact``, a warning where it is an estimate."""
+    free = _shm_free()
+    need = batch_bytes * batches
+    if free is None or need <= free:
+        return
+    text = (f"the loader's workers hand each batch to the trainer through {_SHM}: {batches} batches of "
+            f"{'' if exact else 'about '}{format_size(batch_bytes)} in flight want {format_size(need)}, and {_SHM} has "
+            f"{format_size(free)} free (a container's is 64 MiB unless it is given more): give it more (docker run "
+            "--shm-size=2g, or a memory-backed emptyDir on /dev/shm in Kubernetes), or use fewer num_workers, a "
+            "smaller batch_size or prefetch_factor")
+    if exact:
+        raise ConfigError(text)
+    log.warning("%s; a batch that does not fit stops the loader without an error (torch waits for it)", text)
+
+
+def _shm_free() -> int | None:
     try:
         info = os.statvfs(_SHM)
     except OSError:
-        return  # no /dev/shm (not Linux): torch shares memory its own way there
-    free = info.f_bavail * info.f_frsize
-    if nbytes > free:
+        return None  # no /dev/shm (not Linux): torch shares memory its own way there
+    return info.f_bavail * info.f_frsize
+
+
+def _check_room(nbytes: int, method: str) -> None:
+    free = _shm_free()
+    if free is not None and nbytes > free:
         raise ConfigError(
             f"the loader's buffers take {format_size(nbytes)} of shared memory, and {_SHM} has {format_size(free)} "
             f"free ({method}-started workers receive them through it): give the container more (docker run "

@@ -6,6 +6,7 @@ tmpfs."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from medload.data.shared_tensors import shared_empty, start_method
+from medload.data.shared_tensors import batches_in_flight_fit, shared_empty, start_method
+from medload.errors import ConfigError
 from medload.synthetic import SeriesSpec, make_series
 
 
@@ -46,6 +48,16 @@ def test_the_start_method_is_the_context_given_or_this_interpreters_default():
     assert start_method(None) == multiprocessing.get_context().get_start_method()
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="/dev/shm is Linux's")
+def test_batches_in_flight_beyond_dev_shm_are_an_error_when_exact_and_a_warning_when_estimated(caplog):
+    free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+    batches_in_flight_fit(free // 8, 5, exact=True)  # fits: nothing said
+    with pytest.raises(ConfigError, match=r"5 batches of .* in flight want .*--shm-size"):
+        batches_in_flight_fit(free // 4, 5, exact=True)
+    batches_in_flight_fit(free // 4, 5, exact=False)
+    assert [r.levelname for r in caplog.records if "in flight" in r.getMessage()] == ["WARNING"]
+
+
 _SCRIPT = textwrap.dedent("""
     import subprocess, sys, zlib
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", "/dev/shm"], check=True)
@@ -54,8 +66,13 @@ _SCRIPT = textwrap.dedent("""
     from medload.errors import ConfigError
     store = medload.open_store(sys.argv[1])
     ds = SliceDataset(store, context=1)
+    if sys.argv[3] != "0":  # 3D patches of that many voxels a side, resampled on the CPU in the workers
+        from medload.data import PatchDataset
+        side = int(sys.argv[3])
+        ds = PatchDataset(store, patch=(side, side, side), samples_per_epoch=8, seed=0)
     try:
-        loader = make_loader(ds, batch_size=12, num_workers=2, multiprocessing_context=sys.argv[2])
+        loader = make_loader(ds, batch_size=12 if sys.argv[3] == "0" else 2, num_workers=2,
+                             multiprocessing_context=sys.argv[2])
         crc = 0
         for batch in loader:
             crc = zlib.crc32(batch["image"].numpy().tobytes(), crc)
@@ -76,15 +93,15 @@ def store_path(tmp_path_factory):
     return root / "store"
 
 
-def _in_small_dev_shm(store, context: str) -> str:
+def _in_small_dev_shm(store, context: str, patch_side: int = 0) -> str:
     """Run _SCRIPT in a new mount namespace whose /dev/shm is a 16 MB tmpfs: what it prints."""
     probe = subprocess.run(["unshare", "-m", "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", "/dev/shm"],
                            capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(reason=f"cannot mount a small /dev/shm in a mount namespace here (needs root or "
                            f"CAP_SYS_ADMIN): {probe.stderr.strip()}")
-    out = subprocess.run(["unshare", "-m", sys.executable, "-c", _SCRIPT, str(store), context],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(["unshare", "-m", sys.executable, "-c", _SCRIPT, str(store), context, str(patch_side)],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 
@@ -107,3 +124,12 @@ def test_a_loader_whose_slots_exceed_a_small_dev_shm_reads_the_same_batches(stor
 def test_spawned_workers_and_a_small_dev_shm_are_a_config_error_with_the_fix(store_path):
     line = _in_small_dev_shm(store_path, "spawn")
     assert line.startswith("error ") and "/dev/shm has" in line and "--shm-size" in line and "'fork'" in line
+
+
+def test_patch_batches_that_cannot_all_be_in_flight_in_dev_shm_are_an_error_not_a_hang(store_path):
+    """The patch loader's workers send each batch as new tensors, through /dev/shm whatever the start method;
+    5 batches in flight of 2 x 96^3 float32 (7.08 MB) do not fit 16 MB, and a worker that cannot send one
+    left torch's DataLoader waiting for ever. Batches of 2 x 48^3 (0.9 MB) run."""
+    line = _in_small_dev_shm(store_path, "fork", patch_side=96)
+    assert line.startswith("error ") and "5 batches of 7.08 MB in flight" in line and "--shm-size" in line
+    assert _in_small_dev_shm(store_path, "fork", patch_side=48).startswith("crc ")
