@@ -21,12 +21,29 @@ from pathlib import Path
 from medload.config import affinity_cores
 
 __all__ = ["peak_pss", "tree_pss_mb", "spread", "loader_row", "machine", "tree_bytes", "tree_read_bytes", "data_files",
-           "evict_page_cache", "read_files", "OtherLoad", "BUSY_SHARE", "load_note"]
+           "evict_page_cache", "read_files", "OtherLoad", "BUSY_SHARE", "load_note", "error_text"]
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
     """``{"median", "min", "max"}`` of a non-empty sequence."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def error_text(exc: BaseException) -> str:
+    """A failed contender's error, as its row shows it: ``Type: message``; where torch could not allocate
+    shared memory (in a DataLoader worker, whose error torch re-raises as "Caught X in DataLoader worker
+    process N" and the worker's traceback), that last line alone, with the size of ``/dev/shm`` and the fix:
+    a container's is 64 MiB unless it is given more, and every peer with workers fails there."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    last = text.splitlines()[-1]
+    if "unable to allocate shared memory" not in last:
+        return text
+    try:
+        st = os.statvfs("/dev/shm")
+        size = f"{st.f_blocks * st.f_frsize >> 20} MiB"
+    except OSError:
+        size = "too small"
+    return f"{last}; /dev/shm is {size}: give a container more (docker run --shm-size=2g)"
 
 
 def loader_row(name: str, workers: int, mode: str, res: dict, count: str, mb_per: str, **extra: object) -> dict:

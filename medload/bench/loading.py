@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from medload.bench.common import peak_pss, spread, tree_bytes
+from medload.bench.common import error_text, peak_pss, spread, tree_bytes
 from medload.bench.loading_data import KINDS, Prepared, prepare, warm_page_cache
 from medload.bench.peers import CEILINGS, CONTENDERS, INT16, MEDLOAD, PeerUnavailable, resolve
 from medload.errors import ConfigError
@@ -122,7 +122,7 @@ def _child(spec_json: str) -> None:
     except PeerUnavailable as exc:  # reported as a skipped row, with the reason
         result = {"skipped": str(exc)}
     except Exception as exc:  # reported as a failed row, with its message
-        result = {"error": f"{type(exc).__name__}: {exc}"}
+        result = {"error": error_text(exc)}
     out.write_text(json.dumps(result))
 
 

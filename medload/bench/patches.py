@@ -27,7 +27,15 @@ from pathlib import Path
 
 import numpy as np
 
-from medload.bench.common import data_files, evict_page_cache, loader_row, peak_pss, read_files, tree_read_bytes
+from medload.bench.common import (
+    data_files,
+    error_text,
+    evict_page_cache,
+    loader_row,
+    peak_pss,
+    read_files,
+    tree_read_bytes,
+)
 from medload.bench.patches_data import PatchPrep, PatchSettings, prepare_patches
 from medload.bench.peers import PeerUnavailable
 
@@ -90,7 +98,7 @@ def _child(spec_json: str) -> None:
     except PeerUnavailable as exc:
         result = {"skipped": str(exc)}
     except Exception as exc:  # reported as a failed row, with its message
-        result = {"error": f"{type(exc).__name__}: {exc}"}
+        result = {"error": error_text(exc)}
     out.write_text(json.dumps(result))
 
 
