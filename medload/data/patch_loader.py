@@ -72,8 +72,9 @@ class _PatchBatches(torch.utils.data.Sampler):
 class _PatchCrops(torch.utils.data.Dataset):
     """What the DataLoader sees: a batch of indices in, its crops and maps out (the module docs)."""
 
-    def __init__(self, dataset: PatchDataset, augment: PatchAugment | None, resample: bool = False) -> None:
-        self.dataset, self.augment, self.resample = dataset, augment, resample
+    def __init__(self, dataset: PatchDataset, augment: PatchAugment | None, resample: bool = False,
+                 via_pipe: bool = False) -> None:
+        self.dataset, self.augment, self.resample, self.via_pipe = dataset, augment, resample, via_pipe
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -101,6 +102,8 @@ class _PatchCrops(torch.utils.data.Dataset):
         # (the trainer's cores are the workers'); a GPU: the crops, resampled a batch at a time on it
         out.update(self._resampled(placed) if self.resample else self._crops(placed))
         out["resampled"] = self.resample
+        if self.via_pipe:  # arrays are pickled through the workers' pipe; tensors would take /dev/shm files
+            out = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
         return out
 
     def _resampled(self, placed: list[tuple[SeriesRecord, np.ndarray]]) -> dict[str, Any]:
@@ -233,6 +236,7 @@ class PatchLoader:
 
     def resample(self, raw: dict[str, Any]) -> dict[str, Any]:
         """A batch as the workers send it (crops and maps) resampled, windowed and cast on the device."""
+        raw = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in raw.items()}  # via a pipe
         image, label = raw["image"], raw["label"]
         if not raw["resampled"]:
             move = {"device": self.device, "non_blocking": self.loader.pin_memory}
@@ -281,10 +285,10 @@ def build_patch_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one
     bind = getattr(after, "bind", None)
     if bind is not None:  # BatchAugment: the device and dims of these batches, and whether they are 0..1
         after = bind(device=device, spatial_dims=3, scaled=window is not None)
-    if num_workers:
-        _batches_fit(dataset, batch_size, num_workers, prefetch_factor, resampled=device.type == "cpu")
+    via_pipe = bool(num_workers) and not _batches_fit(dataset, batch_size, num_workers, prefetch_factor,
+                                                      resampled=device.type == "cpu")
     loader = torch.utils.data.DataLoader(
-        _PatchCrops(dataset, spatial, resample=device.type == "cpu"), batch_sampler=_PatchBatches(dataset, sampler, batch_size, drop_last),
+        _PatchCrops(dataset, spatial, resample=device.type == "cpu", via_pipe=via_pipe), batch_sampler=_PatchBatches(dataset, sampler, batch_size, drop_last),
         num_workers=num_workers, collate_fn=_pass_through, prefetch_factor=prefetch_factor if num_workers else None,
         persistent_workers=(num_workers > 0) if persistent_workers is None else persistent_workers,
         multiprocessing_context=multiprocessing_context, worker_init_fn=WorkerL1(_worker_l1(dataset, num_workers)),
@@ -293,12 +297,13 @@ def build_patch_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one
 
 
 def _batches_fit(dataset: PatchDataset, batch_size: int, num_workers: int, prefetch_factor: int | None,
-                 resampled: bool) -> None:
-    """The batches in flight fit in /dev/shm (:func:`~medload.data.shared_tensors.batches_in_flight_fit`):
+                 resampled: bool) -> bool:
+    """Whether the batches in flight fit in /dev/shm (:func:`~medload.data.shared_tensors.batches_in_flight_fit`):
     resampled on the CPU, a batch is exactly its float patches and labels; for a GPU, its crops as stored
-    are estimated at a patch's voxels each (the box a patch touches at its series' own spacing)."""
+    are estimated at twice a patch's voxels each (the box a patch touches at its series' own spacing,
+    with room for a coarser target spacing or a rotation)."""
     voxels = batch_size * int(np.prod(dataset.patch))
     label = dataset.label_dtype.itemsize if dataset.labels and dataset.label_dtype is not None else 0
-    per_batch = voxels * ((4 if resampled else 2) + label)
+    per_batch = voxels * (4 + label) if resampled else 2 * voxels * (2 + label)
     # torch keeps prefetch_factor (default 2) batches per worker in flight, and the trainer holds one
-    batches_in_flight_fit(per_batch, num_workers * (prefetch_factor or 2) + 1, exact=resampled)
+    return batches_in_flight_fit(per_batch, num_workers * (prefetch_factor or 2) + 1)

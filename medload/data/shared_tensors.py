@@ -14,8 +14,9 @@ torch's ``/dev/shm`` file: for them the free space is checked first, and a short
 :class:`~medload.errors.ConfigError` that gives the figures and what to change.
 
 The patch loader's workers hand over each batch as new tensors, which torch puts in ``/dev/shm`` files
-whatever the start method; there :func:`batches_in_flight_fit` checks the batches in flight before the
-loader is made. A worker that cannot send a batch does not fail the loader: torch waits for it for ever.
+whatever the start method, and a worker that cannot send a batch does not fail the loader: torch waits
+for it for ever. :func:`batches_in_flight_fit` checks the batches in flight before the loader is made;
+where they do not fit, the workers send arrays through their pipes instead.
 """
 
 from __future__ import annotations
@@ -61,23 +62,21 @@ def shared_empty(shape: tuple[int, ...], dtype: torch.dtype,
     return torch.empty(shape, dtype=dtype).share_memory_()
 
 
-def batches_in_flight_fit(batch_bytes: int, batches: int, *, exact: bool) -> None:
-    """Check that ``batches`` batches of ``batch_bytes`` that workers hand over as tensors (torch puts each
-    in a new ``/dev/shm`` file: the patch loader's) fit in ``/dev/shm``. Where they do not, a worker fails
-    to send one and torch's DataLoader waits for it for ever: a ConfigError with the figures and the fixes
-    where the size is ``exact``, a warning where it is an estimate."""
+def batches_in_flight_fit(batch_bytes: int, batches: int) -> bool:
+    """Whether ``batches`` batches of ``batch_bytes`` that workers hand over as tensors (torch puts each in
+    a new ``/dev/shm`` file: the patch loader's) fit in ``/dev/shm``. A worker that cannot send a batch
+    does not fail: torch's DataLoader waits for it for ever. Where they do not fit, a warning with the
+    figures and the fix: the caller then sends arrays through the workers' pipes instead."""
     free = _shm_free()
     need = batch_bytes * batches
     if free is None or need <= free:
-        return
-    text = (f"the loader's workers hand each batch to the trainer through {_SHM}: {batches} batches of "
-            f"{'' if exact else 'about '}{format_size(batch_bytes)} in flight want {format_size(need)}, and {_SHM} has "
-            f"{format_size(free)} free (a container's is 64 MiB unless it is given more): give it more (docker run "
-            "--shm-size=2g, or a memory-backed emptyDir on /dev/shm in Kubernetes), or use fewer num_workers, a "
-            "smaller batch_size or prefetch_factor")
-    if exact:
-        raise ConfigError(text)
-    log.warning("%s; a batch that does not fit stops the loader without an error (torch waits for it)", text)
+        return True
+    log.warning("the loader's workers hand each batch to the trainer through %s: %d batches of about %s in "
+                "flight want %s, and %s has %s free (a container's is 64 MiB unless it is given more), so they "
+                "go through pipes instead, which costs the trainer a copy of each; give it more (docker run "
+                "--shm-size=2g, or a memory-backed emptyDir on /dev/shm in Kubernetes)", _SHM, batches,
+                format_size(batch_bytes), format_size(need), _SHM, format_size(free))
+    return False
 
 
 def _shm_free() -> int | None:

@@ -190,3 +190,21 @@ def test_on_cuda_the_batches_equal_the_cpu_ones(store):
         assert b["image"].is_cuda and b["label"].is_cuda
         np.testing.assert_allclose(b["image"].cpu().numpy(), a["image"].numpy(), atol=0.01, rtol=0)
         assert torch.equal(b["label"].cpu(), a["label"]) and torch.equal(b["affine"], a["affine"])
+
+
+def test_a_gpus_crops_sent_through_pipes_resample_to_the_same_batch(store):
+    """Where /dev/shm cannot hold the batches in flight the workers send arrays, not tensors (pickled through
+    their pipes): the trainer's resampling of a GPU's crops, run here on the CPU, gives the same batch."""
+    from medload.data.patch_loader import PatchLoader
+
+    ds = PatchDataset(store, PATCH, (2.1, 1.13, 0.97), samples_per_epoch=8, seed=9)
+    aug = PatchAugment(rotate_deg=30, zoom=(0.8, 1.2), translate_mm=5, mirror=0.5)
+    as_tensors, as_arrays = _PatchCrops(ds, aug, resample=False), _PatchCrops(ds, aug, resample=False, via_pipe=True)
+    trainer = PatchLoader(torch.utils.data.DataLoader(as_tensors), ds, torch.device("cpu"), None, torch.float32,
+                          None, False)
+    batch = _PatchBatch(list(range(4)), 0)
+    raw = as_arrays.__getitems__(batch)
+    assert isinstance(raw["image"], np.ndarray) and not any(isinstance(v, torch.Tensor) for v in raw.values())
+    a, b = trainer.resample(as_tensors.__getitems__(batch)), trainer.resample(raw)
+    assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
+    assert torch.equal(a["affine"], b["affine"]) and a["key"] == b["key"]
