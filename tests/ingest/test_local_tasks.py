@@ -339,7 +339,8 @@ def test_series_a_killed_task_committed_are_stored_reported_ingested_and_a_rerun
                                                                                                    monkeypatch):
     """The first task to close its shard dies there (SIGKILL, as the out-of-memory killer ends a process): its
     series are committed and published from its shard, so the report calls them ingested, not failed; the
-    store holds exactly the series the report says it ingested; the same ingest again stores the rest."""
+    store holds exactly the series the report says it ingested; the same ingest again stores the rest (the
+    tasks that failed with it, if the other task process had not finished them all)."""
     import os
     import signal
 
@@ -366,7 +367,8 @@ def test_series_a_killed_task_committed_are_stored_reported_ingested_and_a_rerun
     report = ingest(src, tmp_path / "s", config=IngestConfig(workers=2), key_file=key)
     assert marker.exists()
     statuses = {s.key: s.status for s in report.series}
-    assert set(statuses.values()) <= {"ingested", "failed"} and "failed" in statuses.values(), statuses
+    # which of the other tasks fail with it depends on how far the other task process got (none, under load)
+    assert set(statuses.values()) <= {"ingested", "failed"}, statuses
     stored = {r.key_bytes.hex() for r in open_store(tmp_path / "s").series()}
     assert stored == {k for k, status in statuses.items() if status == "ingested"}  # the report does not lie
     recovered = [s for s in report.series if s.reason and "failed after committing it" in s.reason]
