@@ -286,7 +286,7 @@ def build_patch_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one
     if bind is not None:  # BatchAugment: the device and dims of these batches, and whether they are 0..1
         after = bind(device=device, spatial_dims=3, scaled=window is not None)
     via_pipe = bool(num_workers) and not _batches_fit(dataset, batch_size, num_workers, prefetch_factor,
-                                                      resampled=device.type == "cpu")
+                                                      resampled=device.type == "cpu", augment=spatial)
     loader = torch.utils.data.DataLoader(
         _PatchCrops(dataset, spatial, resample=device.type == "cpu", via_pipe=via_pipe), batch_sampler=_PatchBatches(dataset, sampler, batch_size, drop_last),
         num_workers=num_workers, collate_fn=_pass_through, prefetch_factor=prefetch_factor if num_workers else None,
@@ -297,13 +297,38 @@ def build_patch_loader(  # noqa: PLR0913 - make_loader's settings, resolved, one
 
 
 def _batches_fit(dataset: PatchDataset, batch_size: int, num_workers: int, prefetch_factor: int | None,
-                 resampled: bool) -> bool:
+                 resampled: bool, augment: PatchAugment | None) -> bool:
     """Whether the batches in flight fit in /dev/shm (:func:`~medload.data.shared_tensors.batches_in_flight_fit`):
-    resampled on the CPU, a batch is exactly its float patches and labels; for a GPU, its crops as stored
-    are estimated at twice a patch's voxels each (the box a patch touches at its series' own spacing,
-    with room for a coarser target spacing or a rotation)."""
-    voxels = batch_size * int(np.prod(dataset.patch))
+    resampled on the CPU, a batch is its float patches and labels; for a GPU, its crops as stored, each at
+    most :func:`_crop_bound` voxels."""
     label = dataset.label_dtype.itemsize if dataset.labels and dataset.label_dtype is not None else 0
-    per_batch = voxels * (4 + label) if resampled else 2 * voxels * (2 + label)
+    if resampled:
+        per_batch = batch_size * int(np.prod(dataset.patch)) * (4 + label)
+    else:
+        per_batch = batch_size * max(_crop_bound(dataset, rec, augment) * (np.dtype(dataset.store.plane_dtype(rec.key))
+                                                                           .itemsize + label) for rec in dataset.records)
     # torch keeps prefetch_factor (default 2) batches per worker in flight, and the trainer holds one
     return batches_in_flight_fit(per_batch, num_workers * (prefetch_factor or 2) + 1)
+
+
+def _crop_bound(dataset: PatchDataset, rec: SeriesRecord, augment: PatchAugment | None) -> int:
+    """The most voxels of series ``rec`` one patch's crop can take (:func:`source_box`: the box of the patch's
+    corners in the series' index space, widened by a voxel, clipped to the series). Unaugmented, every patch of
+    a series is the same grid shifted: its box is the corners' extent, plus one voxel for where the floor falls.
+    Augmented, a rotation changes the extent but not the patch's longest diagonal: along index axis j the box
+    is at most that diagonal, in mm and scaled by the smallest zoom, times the norm of row j of the series'
+    mm-to-index map."""
+    grid = dataset.grid_affine(rec, np.zeros(3))
+    v2v = voxel_to_voxel(grid, rec.affine)
+    corners = np.array(np.meshgrid(*[[0, n - 1] for n in dataset.patch], indexing="ij")).reshape(3, -1)
+    if augment is None:
+        src = v2v[:3, :3] @ corners
+        extent = src.max(axis=1) - src.min(axis=1)
+    else:
+        mm = grid[:3, :3] @ corners
+        diagonal = float(np.linalg.norm(mm[:, :, None] - mm[:, None, :], axis=0).max())
+        scale = max(1.0, 1.0 / min(augment.zoom))
+        to_index = v2v[:3, :3] @ np.linalg.inv(grid[:3, :3])  # RAS mm to series index, linear part
+        extent = np.linalg.norm(to_index, axis=1) * diagonal * scale
+    box = np.minimum(np.floor(extent).astype(np.int64) + 3, np.asarray(rec.shape))
+    return int(np.prod(box))

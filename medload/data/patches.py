@@ -224,9 +224,11 @@ class PatchDataset(torch.utils.data.Dataset):
     def locate(self, i: int) -> tuple[np.ndarray, PatchDraw, np.ndarray]:
         """Sample ``i``'s centre (RAS mm), draw and affine (patch index ``(d, h, w)`` to RAS mm)."""
         centre, d = self.centre(i)
-        return centre, d, self._affine(self._records[d.series], centre)
+        return centre, d, self.grid_affine(self._records[d.series], centre)
 
-    def _affine(self, rec: SeriesRecord, centre: np.ndarray) -> np.ndarray:
+    def grid_affine(self, rec: SeriesRecord, centre: np.ndarray) -> np.ndarray:
+        """The affine (patch index ``(d, h, w)`` to RAS mm) of a patch of series ``rec`` centred at ``centre``
+        (RAS mm), before any augmentation."""
         directions = native_directions(rec.affine) if self._directions is None else self._directions
         spacing = self.spacing or native_spacing(rec.affine, directions)
         return patch_affine(centre, self.patch, spacing, directions)

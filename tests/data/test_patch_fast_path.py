@@ -208,3 +208,25 @@ def test_a_gpus_crops_sent_through_pipes_resample_to_the_same_batch(store):
     a, b = trainer.resample(as_tensors.__getitems__(batch)), trainer.resample(raw)
     assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
     assert torch.equal(a["affine"], b["affine"]) and a["key"] == b["key"]
+
+
+@pytest.mark.parametrize(("orientation", "spacing"), GRIDS)
+@pytest.mark.parametrize("augment", [None, PatchAugment(rotate_deg=45, zoom=(0.7, 1.3), translate_mm=5, mirror=0.5)])
+def test_no_crop_is_larger_than_the_bound_the_loader_plans_shared_memory_by(store, orientation, spacing, augment):
+    """How many bytes a GPU's batches in flight take is read from a bound on each sample's crop: it must hold
+    for every sample (on the oblique, feet-first, sagittal and tilted series of the store)."""
+    from medload.data.patch_loader import _crop_bound
+
+    ds = PatchDataset(store, PATCH, spacing, orientation, samples_per_epoch=64, seed=4)
+    bounds = {rec.key: _crop_bound(ds, rec, augment) for rec in ds.records}
+    for i in range(len(ds)):
+        centre, draw, affine = ds.locate(i)
+        rec = ds.records[draw.series]
+        if augment is not None:
+            world, grid = augment.matrix(ds.seed, ds.epoch, i, centre, ds.patch)
+            affine = world @ affine @ grid
+        box = source_box(voxel_to_voxel(affine, rec.affine), ds.patch, rec.shape)
+        if box is not None:
+            assert int(np.prod(box[1] - box[0])) <= bounds[rec.key], (i, rec.key[:8])
+    if augment is None:  # not merely "the whole series" (rotated and zoomed, these small series are reached whole)
+        assert any(bounds[rec.key] < np.prod(rec.shape) for rec in ds.records)
