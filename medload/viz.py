@@ -277,7 +277,7 @@ def hu_histogram(store: Store, key: str, *, bins: int = 256, hu_range: tuple[flo
     ax.stairs(counts, edges, fill=True, color="0.3")
     ax.set_yscale("log")
     for i, name in enumerate(windows):
-        lo, hi = win.get(name).bounds
+        lo, hi = win.stored(name).bounds
         ax.axvspan(lo, hi, color=_class_colour(i + 1), alpha=0.15, label=_window_title(name))
     ax.set_xlim(*hu_range)
     ax.set_xlabel("HU")

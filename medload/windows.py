@@ -5,7 +5,8 @@ liver 150/90, bone 2500/480. A custom window is written ``"WIDTH/LEVEL"``, width
 presets (e.g. ``"350/50"``), or with the names spelled out, ``"W350/L50"``. Viewers disagree on the
 order (some write level/width), so a bare pair whose width is below the level's magnitude (``"40/400"``:
 a 40 HU window around 400 HU?) is refused as probably swapped; a window that is really that narrow
-(a stroke window, 8 HU wide at 32 HU) is written with names: ``"W8/L32"``.
+(a stroke window, 8 HU wide at 32 HU) is written with names: ``"W8/L32"``. A store written before that
+rule may hold such a window as ``"8/32"``: :func:`stored` and :func:`stored_name` read it.
 
 The mapping is MONAI's ``ScaleIntensityRange(a_min=level - width/2, a_max=level + width/2, b_min=0,
 b_max=1, clip=True)``; :func:`to_uint8` scales that to 0..255 and rounds, which is how pre-windowed
@@ -20,13 +21,14 @@ Examples:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from medload.errors import ConfigError
 
-__all__ = ["Window", "PRESETS", "get", "parse_list", "to_uint8", "scale_intensity"]
+__all__ = ["Window", "PRESETS", "get", "stored", "stored_name", "parse_list", "to_uint8", "scale_intensity"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,37 @@ def get(spec: str | Window) -> Window:
                           f"is usually level/width swapped; write {level:g}/{width:g} (WIDTH/LEVEL), or W{width:g}/"
                           f"L{level:g} if you mean it")
     return Window(_name(width, level), width, level)
+
+
+def stored(name: str) -> Window:
+    """The window a store holds planes of under ``name``, named so: as :func:`get`, but a bare pair narrower
+    than its level is taken as written. Before that pair was refused as probably swapped, medload stored a
+    window 8 HU wide at 32 HU as ``"8/32"``; such a store's planes stay readable, under either spelling
+    (:func:`stored_name`).
+
+    Examples:
+        >>> stored("8/32")
+        Window(name='8/32', width=8.0, level=32.0)
+    """
+    if name in PRESETS:
+        return PRESETS[name]
+    match = _NAMED.match(name) or _BARE.match(name)
+    if match is None or float(match.group(1)) <= 0:
+        return get(name)  # the error that names what is wrong with it
+    return Window(name, float(match.group(1)), float(match.group(2)))
+
+
+def stored_name(spec: str | Window, names: Sequence[str]) -> str | None:
+    """Which of the stored window ``names`` the window ``spec`` is: the name itself, or the stored one of the
+    same width and level (``"W8/L32"`` is a store's ``"8/32"``); None where none is."""
+    if isinstance(spec, str) and spec in names:
+        return spec
+    wanted = stored(spec) if isinstance(spec, str) else spec
+    for name in names:
+        window = stored(name)
+        if (window.width, window.level) == (wanted.width, wanted.level):
+            return name
+    return None
 
 
 def _name(width: float, level: float) -> str:

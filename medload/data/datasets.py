@@ -56,7 +56,7 @@ class _StoreDataset(torch.utils.data.Dataset):
         self.filters = filters  # the series filters asked for (for the lineage record)
         self._classes = classes
         self.index = index
-        self.plane = None if plane is None else win.get(plane).name
+        self.plane = None if plane is None else win.stored(plane).name
         self.labels = returns_labels(store, label_records, labels)
         if classes is not None and not self.labels:
             raise ConfigError("classes= maps stored label classes, and this dataset has no labels: pass labels='only' "

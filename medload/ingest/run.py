@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypedDict
 from medload import windows as win
 from medload.config import IngestConfig
 from medload.deid import KeyFile, Pseudonymizer
-from medload.errors import ConfigError, InputProblem, NoDicomError
+from medload.errors import ConfigError, InputProblem, MedloadError, NoDicomError
 from medload.ingest.discover import DiscoveryProblem, SourceRef, discover, expand_archive, problem_sha256
 from medload.ingest.geometry import plan_geometry
 from medload.ingest.label_writer import LabelAssigner
@@ -36,7 +36,7 @@ from medload.ingest.report import IngestReport, SeriesOutcome
 from medload.ingest.series import SeriesCandidate, group_series
 from medload.ingest.stages import SeriesPlan
 from medload.storage.codec import get_codec
-from medload.storage.manifest import STORE_LAYOUT, backup_path, manifest_path
+from medload.storage.manifest import STORE_LAYOUT, backup_path, manifest_path, read_manifest
 from medload.storage.records import RejectRecord
 from medload.storage.space import disk_full_is_error
 from medload.storage.store import open_store
@@ -102,7 +102,8 @@ def ingest(sources: str | Path | Sequence[str | Path], store: str | Path, *, con
         (1, 1)
     """
     cfg = config or IngestConfig()
-    cfg = replace(cfg, windows=tuple(w.name for w in win.parse_list(",".join(cfg.windows))))
+    asked = tuple(w.name for w in win.parse_list(",".join(cfg.windows)))
+    cfg = replace(cfg, windows=_as_the_store_names(Path(store), asked))
     if scheduler is None or scheduler.startswith("local"):  # workers of this machine: as many as fit in its memory
         cfg = fit_workers(cfg)
     listed = [sources] if isinstance(sources, (str, Path)) else list(sources)
@@ -339,3 +340,16 @@ def _series_record(cand: SeriesCandidate, status: str, stage: str, reason: str) 
     sources = tuple(sorted({h.ref.display for h in cand.headers}))
     return RejectRecord(status, stage, reason, f"series {cand.key.hex()[:12]} ({len(cand.headers)} planes)",
                         series=cand.key.hex(), sources=sources)
+
+
+def _as_the_store_names(root: Path, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The windows ``names`` as the store at ``root`` spells them: one it holds under an earlier medload's name
+    (``"8/32"`` for ``W8/L32``, :func:`medload.windows.stored_name`) keeps that name, so that its planes go
+    on into the same sub-databases; a store that cannot be read is the writer's to report."""
+    if not manifest_path(root).is_file():
+        return names
+    try:
+        held = read_manifest(root).windows
+    except MedloadError:
+        return names
+    return tuple(win.stored_name(name, held) or name for name in names)

@@ -217,7 +217,7 @@ def decode_chunk(chunk: DecodeChunk) -> list[EncodedSlice] | Failure:
     """Decode, check and encode the slots of one chunk; the first failure fails the chunk."""
     cfg = _State.cfg
     codec = get_codec(cfg.codec)
-    windows = [win.get(name) for name in cfg.windows]
+    windows = [win.stored(name) for name in cfg.windows]  # checked by ingest(); a store's own names kept
     check = cfg.plausibility != "off" and chunk.modality == "CT"
     out = []
     sink = SlotWriter(chunk.ring)

@@ -283,7 +283,7 @@ class Store:
                                  keys=keys, orientation=orientation)
         if depth is not None:
             records = thick_enough(records, depth)
-        plane = None if plane is None else windows.get(plane).name
+        plane = None if plane is None else windows.stored(plane).name
         for rec in records:
             self._plane(rec, plane)  # a series without the stored plane fails here, not at its first load
         if labels and (missing := [r.key[:12] for r in records if r.key_bytes not in self._all_labels()]):
@@ -320,12 +320,12 @@ class Store:
         return self._plane(self.record(key), _plane_arg(plane, window, "plane_dtype"))[1]
 
     def _plane(self, rec: SeriesRecord, plane: str | None) -> tuple[bytes, np.dtype]:
-        name = None if plane is None else windows.get(plane).name  # "350/50" names its custom window
-        if name is None:
+        if plane is None:
             return sh.SLICES, np.dtype(_NUMPY_DTYPES[rec.dtype])
-        if name not in rec.windows:
+        name = windows.stored_name(plane, rec.windows)  # "350/50" names its custom window; "W8/L32" an old "8/32"
+        if name is None:
             raise ConfigError(f"series {rec.key[:12]} has no stored {plane!r} planes (it has {list(rec.windows) or 'none'}): "
-                              f"ingest them with `medload ingest ... --windows {name}`")
+                              f"ingest them with `medload ingest ... --windows {windows.stored(plane).name}`")
         return sh.window_db(name), np.dtype(np.uint8)
 
     def read_label(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, verify: bool | None = None,

@@ -42,3 +42,36 @@ def test_named_windows_say_which_number_is_which_and_names_parse_back(spec, widt
 def test_malformed_windows_are_refused(spec):
     with pytest.raises(ConfigError):
         win.get(spec)
+
+
+def test_a_store_holding_a_narrow_window_under_its_old_bare_name_stays_readable_and_grows(run_ingest, tmp_path,
+                                                                                           monkeypatch):
+    """Before a bare pair narrower than its level was refused, medload stored a stroke window (8 HU wide at
+    32 HU) as "8/32". Such a store (written here with that older rule) reads its planes under either
+    spelling, in a dataset too, and a later ingest asking for W8/L32 adds series into the same planes."""
+    import medload
+    from medload.data import SliceDataset
+    from medload.synthetic import SeriesSpec, make_series
+
+    src = tmp_path / "src"
+    make_series(src / "a", SeriesSpec(n_slices=6, rows=24, cols=24), seed=1)
+    make_series(src / "b", SeriesSpec(n_slices=5, rows=24, cols=24), seed=2, series_number=2)
+    with monkeypatch.context() as older:  # the rule of an earlier medload: any positive WIDTH/LEVEL, named as written
+        older.setattr(win, "get", lambda spec: spec if isinstance(spec, win.Window) else win.stored(spec))
+        _, store = run_ingest(src / "a", store_path=tmp_path / "s", windows=("8/32",))
+    (first,) = store.series()
+    assert first.windows == ("8/32",) and store.manifest.windows == ("8/32",)
+    hu = store.read(first.key)
+    expected = win.to_uint8(hu, win.Window("8/32", 8, 32))
+    for spelling in ("8/32", "W8/L32"):
+        assert np.array_equal(store.read(first.key, plane=spelling), expected)
+    assert SliceDataset(store, plane="W8/L32")[0]["image"].shape[0] == 3
+    with pytest.raises(ConfigError, match="probably swapped|level/width swapped"):
+        win.get("8/32")  # what a user types is still held to the rule
+    report, _ = run_ingest(src / "b", store_path=tmp_path / "s", windows=("W8/L32",))
+    assert report.counts["ingested"] == 1
+    store = medload.open_store(tmp_path / "s")
+    assert store.manifest.windows == ("8/32",) and {r.windows for r in store.series()} == {("8/32",)}
+    second = next(r for r in store.series() if r.key != first.key)
+    assert np.array_equal(store.read(second.key, plane="W8/L32"),
+                          win.to_uint8(store.read(second.key), win.Window("W8/L32", 8, 32)))
