@@ -126,7 +126,7 @@ def test_a_decoder_crash_in_a_dask_task_is_quarantined(cluster, tmp_path):
         if b is not segv:
             Path(b.name).unlink()
     cluster.register_plugin(_Faults())
-    report = ingest([src], tmp_path / "store", config=IngestConfig(decode_timeout=5),
+    report = ingest([src], tmp_path / "store", config=IngestConfig(decode_timeout=60),
                     scheduler=cluster.scheduler.address)
     assert report.counts["ingested"] == 2
     (record,) = [r for r in report.rejects if r.source == segv.name]
