@@ -324,8 +324,9 @@ class Store:
             return sh.SLICES, np.dtype(_NUMPY_DTYPES[rec.dtype])
         name = windows.stored_name(plane, rec.windows)  # "350/50" names its custom window; "W8/L32" an old "8/32"
         if name is None:
+            wanted = windows.get(plane)  # held to the rule now: a bare "40/400" is refused as probably swapped
             raise ConfigError(f"series {rec.key[:12]} has no stored {plane!r} planes (it has {list(rec.windows) or 'none'}): "
-                              f"ingest them with `medload ingest ... --windows {windows.stored(plane).name}`")
+                              f"ingest them with `medload ingest ... --windows {wanted.name}`")
         return sh.window_db(name), np.dtype(np.uint8)
 
     def read_label(self, key: str | bytes, z0: int = 0, z1: int | None = None, *, verify: bool | None = None,
