@@ -68,6 +68,8 @@ def test_a_store_holding_a_narrow_window_under_its_old_bare_name_stays_readable_
     assert SliceDataset(store, plane="W8/L32")[0]["image"].shape[0] == 3
     with pytest.raises(ConfigError, match="probably swapped|level/width swapped"):
         win.get("8/32")  # what a user types is still held to the rule
+    with pytest.raises(ConfigError, match="level/width swapped; write 400/40"):
+        store.read(first.key, plane="40/400")  # a plane the store does not hold: the rule's own message
     report, _ = run_ingest(src / "b", store_path=tmp_path / "s", windows=("W8/L32",))
     assert report.counts["ingested"] == 1
     store = medload.open_store(tmp_path / "s")
