@@ -3,17 +3,14 @@ container's /dev/shm (real: a mount namespace whose /dev/shm is a 4 MB tmpfs) na
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
-import pytest
+from helpers.small_shm import mount_line, run_in_namespace
 
 from medload.bench.common import error_text
 
-_SCRIPT = textwrap.dedent("""
-    import subprocess, torch
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", "/dev/shm"], check=True)
+_SCRIPT = mount_line("4m") + textwrap.dedent("""
+    import torch
     from medload.bench.common import error_text
 
     class Big(torch.utils.data.Dataset):  # a stock dataset: each sample a new 8 MB tensor, as MONAI's are
@@ -31,12 +28,7 @@ _SCRIPT = textwrap.dedent("""
 
 
 def test_a_worker_out_of_shared_memory_is_one_line_with_the_size_and_the_fix():
-    probe = subprocess.run(["unshare", "-m", "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", "/dev/shm"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(reason=f"cannot mount a small /dev/shm in a mount namespace here (needs root or "
-                           f"CAP_SYS_ADMIN): {probe.stderr.strip()}")
-    out = subprocess.run(["unshare", "-m", sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=300)
+    out = run_in_namespace(_SCRIPT)
     assert out.returncode == 0, out.stderr[-3000:]
     line = out.stdout.strip()
     assert len(line.splitlines()) == 1, line  # not the worker's whole traceback

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 import torch
+from helpers.small_shm import mount_line, run_in_namespace
 
 from medload.data.shared_tensors import batches_in_flight_fit, shared_empty, start_method
 from medload.synthetic import SeriesSpec, make_series
@@ -57,9 +56,8 @@ def test_batches_in_flight_beyond_dev_shm_are_said_with_the_figures(caplog):
     assert said.levelname == "WARNING" and "5 batches of about" in said.getMessage() and "--shm-size" in said.getMessage()
 
 
-_SCRIPT = textwrap.dedent("""
-    import subprocess, sys, zlib
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", "/dev/shm"], check=True)
+_SCRIPT = mount_line("16m") + textwrap.dedent("""
+    import sys, zlib
     import medload
     from medload.data import SliceDataset, make_loader
     from medload.errors import ConfigError
@@ -94,13 +92,7 @@ def store_path(tmp_path_factory):
 
 def _in_small_dev_shm(store, context: str, patch_side: int = 0) -> str:
     """Run _SCRIPT in a new mount namespace whose /dev/shm is a 16 MB tmpfs: what it prints."""
-    probe = subprocess.run(["unshare", "-m", "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", "/dev/shm"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(reason=f"cannot mount a small /dev/shm in a mount namespace here (needs root or "
-                           f"CAP_SYS_ADMIN): {probe.stderr.strip()}")
-    out = subprocess.run(["unshare", "-m", sys.executable, "-c", _SCRIPT, str(store), context, str(patch_side)],
-                         capture_output=True, text=True, timeout=300)
+    out = run_in_namespace(_SCRIPT, str(store), context, str(patch_side))
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 
